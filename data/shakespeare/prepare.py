@@ -1,0 +1,11 @@
+"""Prepare shakespeare: python data/shakespeare/prepare.py [--input FILE] [--out_dir DIR]"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run from a plain clone too
+
+from gpt.data import prepare_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(prepare_main("shakespeare"))

@@ -1,0 +1,321 @@
+"""Typed configuration: the single source of truth for every option.
+
+GPTConfig describes the model, TrainConfig one training run, SweepConfig the grid around it.
+Each field carries its default and a one-line help; validation happens in __post_init__, so a
+bad value fails where it enters. Config files (TOML) and `--name=value` overrides are read here
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class UserError(ValueError):
+    """A mistake in what the user asked for; scripts print it as one line and exit 2."""
+
+
+def opt(default, help: str, choices: tuple[str, ...] | None = None):
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = choices
+    return field(default=default, metadata=meta)
+
+
+def _positive(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value <= 0:
+            raise UserError(f"{name}={value} must be positive")
+
+
+def _check_choices(obj) -> None:
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        value = getattr(obj, f.name)
+        if choices and value not in choices:
+            raise UserError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(choices)}")
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = opt(50304, "number of token ids (set from the dataset when training)")
+    block_size: int = opt(256, "longest context the model sees, in tokens")
+    n_layer: int = opt(6, "number of transformer blocks")
+    n_head: int = opt(6, "attention heads per block")
+    n_embd: int = opt(384, "width of the residual stream")
+    n_kv_head: int = opt(0, "key/value heads; 0 means n_head, fewer gives grouped-query attention")
+    dropout: float = opt(0.0, "dropout on attention weights and on each residual branch")
+    bias: bool = opt(True, "biases in Linear layers and LayerNorms")
+    pos_encoding: str = opt("learned", "how positions enter: learned table, fixed sinusoids "
+                            "(Vaswani 2017), rotary (Su 2021), ALiBi bias (Press 2021), or none",
+                            ("learned", "sinusoidal", "rope", "alibi", "none"))
+    norm_placement: str = opt("pre", "pre: x + f(norm(x)) plus a final norm; post: norm(x + f(x)) "
+                              "as in the 2017 Transformer", ("pre", "post"))
+    residual: bool = opt(True, "add each sub-layer's input back to its output (x + f(...))")
+    norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
+                         ("layernorm", "rmsnorm"))
+    activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation",
+                          ("gelu", "gelu_tanh", "relu"))
+    mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd")
+    tie_weights: bool = opt(True, "share the token embedding with the output head")
+
+    def __post_init__(self):
+        _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+        if self.n_kv_head == 0:
+            self.n_kv_head = self.n_head
+        _positive(self, "n_kv_head")
+        _check_choices(self)
+        if self.n_embd % self.n_head:
+            raise UserError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                            f"pick n_head among the divisors of {self.n_embd}")
+        if self.n_head % self.n_kv_head:
+            raise UserError(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
+        if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
+            raise UserError(f"pos_encoding='rope' needs an even head size, but n_embd/n_head = "
+                            f"{self.n_embd // self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserError(f"dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+
+@dataclass
+class TrainConfig:
+    dataset: str = opt("shakespeare_char", "folder under data_dir holding train.bin, val.bin, meta.json")
+    data_dir: str = opt("data", "where datasets live")
+    out_dir: str = opt("out", "where checkpoints, metrics.jsonl and config.json are written")
+    device: str = opt("auto", "auto picks cuda, then mps, then cpu")
+    dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA when supported, else float32",
+                     ("auto", "float32", "bfloat16"))
+    compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
+    threads: int = opt(0, "CPU threads for torch; 0 keeps torch's default")
+    seed: int = opt(1337, "seed for weights, batches and dropout")
+    batch_size: int = opt(64, "sequences per micro-batch")
+    gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (over all processes)")
+    max_iters: int = opt(5000, "optimizer steps to train for")
+    learning_rate: float = opt(1e-3, "peak learning rate")
+    min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay")
+    warmup_iters: int = opt(100, "steps of linear warmup from 0 to learning_rate")
+    lr_decay_iters: int = opt(5000, "step at which the cosine decay reaches min_lr")
+    decay_lr: bool = opt(True, "cosine decay after warmup; false keeps learning_rate constant")
+    weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables")
+    eval_interval: int = opt(250, "evaluate and checkpoint every this many steps")
+    eval_iters: int = opt(200, "batches per split in each evaluation")
+    log_interval: int = opt(10, "write a train-loss line to metrics.jsonl every this many steps")
+    diagnostics: bool = opt(True, "log per-block gradient norm and residual RMS at each evaluation")
+    skip_nonfinite: bool = opt(False, "skip steps whose loss is nan/inf instead of stopping")
+    resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+    wandb: bool = opt(False, "log metrics to Weights & Biases")
+    wandb_project: str = opt("gpt", "Weights & Biases project")
+    wandb_run_name: str = opt("", "Weights & Biases run name; empty uses out_dir's name")
+
+    def __post_init__(self):
+        _check_choices(self)
+        _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
+                  "eval_iters", "log_interval", "learning_rate")
+        for name in ("min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
+                     "threads"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name}={getattr(self, name)} must not be negative")
+        if self.min_lr > self.learning_rate:
+            raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
+
+
+@dataclass
+class SweepConfig:
+    seeds: int = opt(1, "seeds per setting (seed, seed+1, ...)")
+    jobs: int = opt(1, "runs at once; CPU threads are split between them")
+
+    def __post_init__(self):
+        _positive(self, "seeds", "jobs")
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = opt("out", "run folder whose ckpt.pt is sampled")
+    start: str = opt("\n", "prompt text, or FILE:path to read it from a file")
+    num_samples: int = opt(1, "number of samples to write")
+    max_new_tokens: int = opt(500, "tokens generated per sample")
+    temperature: float = opt(0.8, "softmax temperature; 0 picks the most likely token")
+    top_k: int = opt(0, "sample among the k most likely tokens; 0 means all")
+    top_p: float = opt(1.0, "sample among the smallest set of tokens whose probability reaches p")
+    seed: int = opt(1337, "random seed: the same seed gives the same text")
+    device: str = opt("auto", "auto picks cuda, then mps, then cpu")
+    use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")
+
+    def __post_init__(self):
+        _positive(self, "num_samples", "max_new_tokens")
+        if self.temperature < 0:
+            raise UserError(f"temperature={self.temperature} must not be negative")
+        if self.top_k < 0:
+            raise UserError(f"top_k={self.top_k} must not be negative")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p={self.top_p} must be in (0, 1]")
+
+
+SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
+
+
+def fields_of(sections) -> dict:
+    return {f.name: (cls, f) for cls in sections for f in dataclasses.fields(cls)}
+
+
+FIELDS = fields_of(SECTIONS)
+
+
+# ---------------------------------------------------------------- converting values
+
+def _field_type(cls, f) -> type:
+    hint = typing.get_type_hints(cls)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if isinstance(hint, types.UnionType) else hint
+
+
+def convert(name: str, value, fields: dict = FIELDS):
+    """Turn a command-line string or a TOML value into the type of field `name`."""
+    if name not in fields:
+        raise UserError(unknown_name_message(name, fields))
+    kind = _field_type(*fields[name])
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+    elif kind is int and not isinstance(value, bool):
+        try:
+            number = float(value)
+            if number == int(number):
+                return int(number)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    elif kind is float and not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    elif kind is str:
+        return str(value)
+    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}")
+
+
+def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
+    close = difflib.get_close_matches(name, list(fields) + ["config", "sweep"], n=1)
+    hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
+    return f"unknown option --{name}{hint}"
+
+
+# ---------------------------------------------------------------- config files
+
+def available_configs() -> list[str]:
+    return sorted(str(p.relative_to(CONFIG_DIR).with_suffix("")) for p in CONFIG_DIR.rglob("*.toml"))
+
+
+def config_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix == ".toml" and path.is_file():
+        return path
+    path = CONFIG_DIR / f"{name}.toml"
+    if path.is_file():
+        return path
+    raise UserError(f"no config named {name!r}; available: {', '.join(available_configs())}")
+
+
+def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
+    """Return (field values, sweep axes) from a TOML config; `[sweep]` holds the axes."""
+    path = config_path(name)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: {e}") from None
+    axes = data.pop("sweep", {})
+    values = {}
+    for key, value in data.items():
+        values[key] = convert(key, value)
+    sweep = {}
+    for key, value in axes.items():
+        if key in SweepConfig.__dataclass_fields__:
+            values[key] = convert(key, value)
+        else:
+            sweep[key] = [convert(key, v) for v in (value if isinstance(value, list) else [value])]
+    return values, sweep
+
+
+# ---------------------------------------------------------------- command line
+
+@dataclass
+class Args:
+    """A parsed command line: the config file's values, then the overrides on top."""
+    values: dict                      # field name -> typed value, file first, then overrides
+    overrides: dict                   # the subset given on the command line
+    sweep: dict[str, list]            # axis name -> values to try
+
+
+def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
+    fields = fields_of(sections)
+    config_name, raw, sweep = None, {}, {}
+    tokens = list(argv)
+    while tokens:
+        token = tokens.pop(0)
+        if not token.startswith("--"):
+            raise UserError(f"unexpected argument {token!r}; options look like --name=value")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if tokens and not tokens[0].startswith("--"):
+                value = tokens.pop(0)
+            elif name in fields and _field_type(*fields[name]) is bool:
+                value = "true"
+            else:
+                raise UserError(f"--{name} needs a value: --{name}=VALUE")
+        if name == "config":
+            config_name = value
+        elif name == "sweep":
+            axis, eq, values = value.partition("=")
+            if not eq or not values:
+                raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
+            sweep[axis] = [convert(axis, v, fields) for v in values.split(",")]
+        else:
+            raw[name] = convert(name, value, fields)
+    values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    values.update(raw)
+    return Args(values=values, overrides=raw, sweep={**file_sweep, **sweep})
+
+
+def build(cls, values: dict, base: dict | None = None):
+    """Make a `cls` from `base` (e.g. a checkpoint's saved config) updated with `values`."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    merged = {k: v for k, v in (base or {}).items() if k in names}
+    merged.update({k: v for k, v in values.items() if k in names})
+    return cls(**merged)
+
+
+def help_text(prog: str, sections=SECTIONS) -> str:
+    lines = [f"usage: python {prog} [--config NAME] [--name=value ...]", ""]
+    for cls in sections:
+        lines.append(f"{cls.__name__}:")
+        for f in dataclasses.fields(cls):
+            choices = f.metadata.get("choices")
+            allowed = f" [{' | '.join(choices)}]" if choices else ""
+            lines.append(f"  --{f.name}={f.default!r}{allowed}\n      {f.metadata['help']}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""Datasets on disk and batches in memory.
+
+A prepared dataset is a folder with train.bin and val.bin (uint16 token ids) and meta.json,
+which says how to turn text into ids: {"tokenizer": "char", "chars": [...]} or
+{"tokenizer": "tiktoken", "encoding": "gpt2"}. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import UserError
+
+TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
+                        "data/tinyshakespeare/input.txt")
+
+
+# ---------------------------------------------------------------- tokenizers
+
+class CharTokenizer:
+    def __init__(self, chars: list[str]):
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            raise UserError(f"characters not in the vocabulary: {''.join(unknown)!r}; "
+                            "use only characters that occur in the training text")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def meta(self) -> dict:
+        return {"tokenizer": "char", "vocab_size": self.vocab_size, "chars": self.chars}
+
+
+class TiktokenTokenizer:
+    def __init__(self, encoding: str = "gpt2"):
+        import tiktoken
+        self.encoding_name = encoding
+        self.enc = tiktoken.get_encoding(encoding)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.enc.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self.enc.encode(text, allowed_special={"<|endoftext|>"})
+
+    def decode(self, ids) -> str:
+        return self.enc.decode(list(ids))
+
+    def meta(self) -> dict:
+        return {"tokenizer": "tiktoken", "vocab_size": self.vocab_size, "encoding": self.encoding_name}
+
+
+def tokenizer_from_meta(meta: dict):
+    kind = meta.get("tokenizer")
+    if kind == "char":
+        return CharTokenizer(list(meta["chars"]))
+    if kind == "tiktoken":
+        return TiktokenTokenizer(meta["encoding"])
+    raise UserError(f"meta.json names an unknown tokenizer {kind!r}; expected 'char' or 'tiktoken'")
+
+
+# ---------------------------------------------------------------- preparing a dataset
+
+def read_text(input_path: Path, download_url: str | None = None) -> str:
+    """The text at input_path, downloaded there first when it is missing and a URL is known."""
+    if not input_path.exists():
+        if download_url is None:
+            raise UserError(f"{input_path} does not exist; give a text file with --input FILE")
+        try:
+            print(f"downloading {download_url} -> {input_path}")
+            with urllib.request.urlopen(download_url, timeout=30) as response:
+                data = response.read()
+            input_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = input_path.with_suffix(".part")
+            tmp.write_bytes(data)
+            os.replace(tmp, input_path)
+        except OSError as e:
+            raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
+                            f"from {download_url} at {input_path} and run again") from None
+    return input_path.read_text(encoding="utf-8")
+
+
+def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
+    """Tokenize text, split it train/val, and write train.bin, val.bin and meta.json."""
+    if not text:
+        raise UserError("the input text is empty")
+    tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else TiktokenTokenizer("gpt2")
+    if tok.vocab_size > 65536:
+        raise UserError(f"vocabulary of {tok.vocab_size} does not fit uint16 token ids")
+    n = int(len(text) * (1 - val_fraction))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for split, part in (("train", text[:n]), ("val", text[n:])):
+        ids = np.array(tok.encode(part), dtype=np.uint16)
+        tmp = out_dir / f"{split}.bin.tmp"
+        ids.tofile(tmp)
+        os.replace(tmp, out_dir / f"{split}.bin")
+        sizes[split] = len(ids)
+    meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
+    (out_dir / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+    return meta
+
+
+DATASETS = {  # name -> (tokenizer, public source of its input.txt)
+    "shakespeare_char": ("char", TINY_SHAKESPEARE_URL),
+    "shakespeare": ("tiktoken", TINY_SHAKESPEARE_URL),
+}
+
+
+def ensure_prepared(data_dir: str, dataset: str) -> Path:
+    """The dataset's folder, preparing the shipped datasets on first use."""
+    folder = Path(data_dir) / dataset
+    if all((folder / f).exists() for f in ("train.bin", "val.bin", "meta.json")):
+        return folder
+    if dataset not in DATASETS:
+        raise UserError(f"dataset {dataset!r} is not prepared: {folder} needs train.bin, val.bin and "
+                        f"meta.json (run: python data/shakespeare_char/prepare.py --input FILE "
+                        f"--out_dir {folder})")
+    tokenizer, url = DATASETS[dataset]
+    text = read_text(folder / "input.txt", url)
+    meta = prepare(text, folder, tokenizer)
+    print(f"prepared {folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
+    return folder
+
+
+def load_meta(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {folder / 'meta.json'}: {e}") from None
+
+
+# ---------------------------------------------------------------- batches
+
+class Batches:
+    """Random windows of block_size + 1 tokens, drawn by a generator whose state is saved in
+    checkpoints. All micro-batches of one optimizer step are drawn at once, so a run split over
+    several processes sees exactly the batches of one process accumulating the same steps."""
+
+    def __init__(self, folder: Path, block_size: int, batch_size: int, device, seed: int):
+        self.block_size, self.batch_size, self.device = block_size, batch_size, device
+        self.data = {}
+        for split in ("train", "val"):
+            ids = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+            if len(ids) <= block_size + 1:
+                raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
+                                f"block_size={block_size}; lower block_size or use more text")
+            # int64 once here, so drawing a batch is one gather with no per-step conversion
+            tokens = torch.from_numpy(ids.astype(np.int64))
+            self.data[split] = tokens.unfold(0, block_size + 1, 1)        # (N - T, T + 1) view
+        self.generator = torch.Generator().manual_seed(seed)
+        self.pin = torch.device(device).type == "cuda"
+
+    def draw(self, split: str, n_batches: int, generator: torch.Generator | None = None):
+        """n_batches micro-batches as (x, y) with shapes (n_batches, B, T)."""
+        windows = self.data[split]
+        ix = torch.randint(len(windows), (n_batches * self.batch_size,),
+                           generator=generator or self.generator)
+        batch = windows[ix].view(n_batches, self.batch_size, self.block_size + 1)
+        if self.pin:
+            batch = batch.pin_memory().to(self.device, non_blocking=True)
+        elif batch.device != torch.device(self.device):
+            batch = batch.to(self.device)
+        return batch[..., :-1], batch[..., 1:]
+
+    def state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+
+def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
+    """Command line of data/<dataset>/prepare.py."""
+    import argparse
+    import sys
+    tokenizer, url = DATASETS[dataset]
+    default_dir = Path(__file__).resolve().parent.parent / "data" / dataset
+    parser = argparse.ArgumentParser(description=f"Prepare {dataset}: text -> train.bin, val.bin, meta.json")
+    parser.add_argument("--input", help="text file to prepare (default: Tiny Shakespeare, "
+                                        "downloaded to OUT_DIR/input.txt when missing)")
+    parser.add_argument("--out_dir", default=str(default_dir), help="where the files go")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out_dir)
+    try:
+        if args.input:
+            text = read_text(Path(args.input))
+        else:
+            text = read_text(out_dir / "input.txt", url)
+        meta = prepare(text, out_dir, tokenizer)
+    except (UserError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "
+          f"{meta['val_tokens']:,} val tokens")
+    return 0

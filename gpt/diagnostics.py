@@ -1,0 +1,125 @@
+"""Measurements that explain why a setting trains or fails.
+
+At each evaluation the trainer calls `measure` on one fixed batch, outside the training step:
+per block, the gradient norm of its parameters, the RMS of the residual stream after it, and how
+alike its output vectors at different positions are; per head, the entropy of its attention.
+
+`python -m gpt.diagnostics grad-depth` measures how much gradient reaches the first block of
+freshly initialised models of growing depth, with residuals on and off, pre- and post-norm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+
+from .config import GPTConfig
+from .model import GPT
+
+
+def position_similarity(h: torch.Tensor) -> float:
+    """Mean cosine similarity between the vectors of different positions, h: (B, T, C).
+    1 means every position carries the same vector."""
+    B, T, _ = h.shape
+    if T < 2:
+        return 1.0
+    unit = torch.nn.functional.normalize(h.float(), dim=-1)
+    sims = unit @ unit.transpose(1, 2)                                  # (B, T, T)
+    off_diagonal = sims.sum(dim=(1, 2)) - sims.diagonal(dim1=1, dim2=2).sum(dim=1)
+    return (off_diagonal / (T * (T - 1))).mean().item()
+
+
+def attention_entropy(weights: torch.Tensor) -> list[float]:
+    """Entropy (nats) of each head's attention rows, averaged over batch and positions;
+    weights: (B, nh, T, T). A row uniform over its t + 1 visible keys has entropy log(t + 1)."""
+    w = weights.float()
+    ent = -(w * torch.log(w.clamp_min(1e-12))).sum(dim=-1)              # (B, nh, T)
+    return ent.mean(dim=(0, 2)).tolist()
+
+
+def measure(model: GPT, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Diagnostics on one batch; leaves the model's .grad fields and RNG untouched."""
+    was_training = model.training
+    model.eval()                         # no dropout: the same batch always measures the same
+    blocks = list(model.transformer.h)
+    outputs = []
+    hooks = [b.register_forward_hook(lambda m, i, o: outputs.append(o)) for b in blocks]
+    for b in blocks:
+        b.attn.keep_weights = True
+    try:
+        _, loss = model(x, y)
+        params = [list(b.parameters()) for b in blocks]
+        grads = torch.autograd.grad(loss, [p for ps in params for p in ps], allow_unused=True)
+        entropies = [attention_entropy(b.attn.weights) for b in blocks]
+    finally:
+        for h in hooks:
+            h.remove()
+        for b in blocks:
+            b.attn.keep_weights, b.attn.weights = False, None
+        model.train(was_training)
+    grad_norms, i = [], 0
+    for ps in params:
+        g = [gr for gr in grads[i:i + len(ps)] if gr is not None]
+        grad_norms.append(torch.sqrt(sum((gr.float() ** 2).sum() for gr in g)).item())
+        i += len(ps)
+    return {
+        "block_grad_norm": grad_norms,
+        "block_rms": [o.detach().float().pow(2).mean().sqrt().item() for o in outputs],
+        "block_pos_sim": [position_similarity(o.detach()) for o in outputs],
+        "head_entropy": entropies,
+    }
+
+
+def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab_size=65,
+               batch_size=8, seed=0) -> list[dict]:
+    """Gradient norm reaching the first block at initialisation, for each depth, residual on/off
+    and pre/post norm. Every model sees the same random batch."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
+    y = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
+    rows = []
+    for depth in depths:
+        for residual in (True, False):
+            for placement in ("pre", "post"):
+                torch.manual_seed(seed)
+                model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth,
+                                      n_head=n_head, n_embd=n_embd, residual=residual,
+                                      norm_placement=placement))
+                _, loss = model(x, y)
+                first = list(model.transformer.h[0].parameters())
+                grads = torch.autograd.grad(loss, first)
+                norm = math.sqrt(sum((g.double() ** 2).sum().item() for g in grads))
+                rows.append({"depth": depth, "residual": residual, "norm_placement": placement,
+                             "grad_norm": norm})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpt.diagnostics")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gd = sub.add_parser("grad-depth", help="gradient reaching the first block vs depth, at init")
+    gd.add_argument("--depths", default="5,10,20,40", help="comma-separated depths")
+    gd.add_argument("--n_embd", type=int, default=64)
+    gd.add_argument("--seed", type=int, default=0)
+    gd.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        depths = [int(d) for d in args.depths.split(",")]
+    except ValueError:
+        parser.error(f"--depths {args.depths!r} should be integers separated by commas")
+    rows = grad_depth(depths, n_embd=args.n_embd, seed=args.seed)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'depth':>5}  {'residual':>8}  {'norm':>4}  {'grad norm at block 0':>20}")
+    for r in rows:
+        print(f"{r['depth']:>5}  {str(r['residual']):>8}  {r['norm_placement']:>4}  {r['grad_norm']:>20.3e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

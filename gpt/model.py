@@ -1,0 +1,321 @@
+"""A decoder-only GPT whose block parts can be switched on and off for ablations.
+
+Every flag of GPTConfig is resolved once, in __init__: parts a setting does not use are not
+built, and forward is straight-line code. Parameter names follow GPT-2 (transformer.wte, .wpe,
+.h.{i}.ln_1/attn.c_attn/attn.c_proj/ln_2/mlp.c_fc/mlp.c_proj, .ln_f, lm_head), so GPT-2
+checkpoints load directly (see from_pretrained).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import GPTConfig, UserError
+from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
+
+# What one sub-layer f (attention or MLP) with its norm computes, by (norm_placement, residual):
+#   pre,  residual:  x + f(norm(x))     GPT-2 and later; the model also applies ln_f before the head
+#   pre,  no res.:   f(norm(x))
+#   post, residual:  norm(x + f(x))     the 2017 Transformer; no ln_f, the output is already normed
+#   post, no res.:   norm(f(x))
+SUBLAYER = {
+    ("pre", True): lambda x, f, norm: x + f(norm(x)),
+    ("pre", False): lambda x, f, norm: f(norm(x)),
+    ("post", True): lambda x, f, norm: norm(x + f(x)),
+    ("post", False): lambda x, f, norm: norm(f(x)),
+}
+
+ACTIVATIONS = {
+    "gelu": lambda: nn.GELU(),
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": lambda: nn.ReLU(),
+}
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)
+    return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for every layer; `pos` tokens are filled."""
+
+    def __init__(self, config: GPTConfig, batch: int, device, dtype):
+        shape = (config.n_layer, batch, config.n_kv_head, config.block_size, config.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.n_kv_head, config.head_size
+        kv_width = 2 * config.n_kv_head * config.head_size
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.dropout = config.dropout
+        self.rotary = Rotary(config.head_size, config.block_size) if config.pos_encoding == "rope" else None
+        if config.pos_encoding == "alibi":
+            self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
+        else:
+            self.slopes = None
+        self.keep_weights = False   # set by GPT.attention_maps; then self.weights holds (B, nh, T, T)
+        self.weights = None
+
+    def _bias(self, start: int, T: int, device) -> torch.Tensor | None:
+        """Additive score bias for queries at start..start+T-1 over keys 0..start+T-1."""
+        if self.slopes is not None:
+            return alibi_bias(self.slopes, start, T, start + T)               # (nh, T, T_k)
+        if start == 0 or T > 1:
+            allowed = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(start)
+            return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
+        return None     # one new query may see every cached key
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, C = x.size()
+        kv = self.n_kv_head * self.head_size
+        q, k, v = self.c_attn(x).split([C, kv, kv], dim=2)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)      # (B, nh, T, hs)
+        k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)   # (B, nkv, T, hs)
+        v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)   # (B, nkv, T, hs)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        if cache is not None:
+            cache.k[self.layer, :, :, start:start + T] = k
+            cache.v[self.layer, :, :, start:start + T] = v
+            k = cache.k[self.layer, :, :, :start + T]                      # (B, nkv, T_k, hs)
+            v = cache.v[self.layer, :, :, :start + T]
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T_k, hs)
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        dropout = self.dropout if self.training else 0.0
+        if self.slopes is None and start == 0:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            bias = self._bias(start, T, x.device)
+            bias = None if bias is None else bias.to(q.dtype)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        if self.keep_weights:   # inspection only: the same scores, materialised
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
+            bias = self._bias(start, T, x.device)
+            self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        hidden = config.mlp_ratio * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        self.act = ACTIVATIONS[config.activation]()
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = make_norm(config)
+        self.mlp = MLP(config)
+        self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
+
+    def forward(self, x, start: int = 0, cache: KVCache | None = None):
+        x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1)
+        return self.sublayer(x, self.mlp, self.ln_2)
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        parts = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_encoding == "learned":
+            parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        parts["drop"] = nn.Dropout(config.dropout)
+        parts["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        # post-norm blocks already end in a norm, so the final one is a no-op there
+        parts["ln_f"] = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
+        self.transformer = nn.ModuleDict(parts)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight
+        if config.pos_encoding == "sinusoidal":
+            table = sinusoidal_table(config.block_size, config.n_embd)
+            self.register_buffer("pos_table", table, persistent=False)
+        self._init_weights()
+
+    def _init_weights(self):
+        # GPT-2: N(0, 0.02) everywhere; the projections that write into the residual stream are
+        # scaled by 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters, shared ones counted once; non_embedding leaves out the position table and
+        the token table (unless it is tied to the head, where it does real work)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.transformer.wte.weight.numel()
+        return n
+
+    def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """Final hidden states (B, T, C) for tokens idx (B, T) that follow cache.pos cached ones."""
+        B, T = idx.size()
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise UserError(f"sequence of {start + T} tokens is longer than block_size="
+                            f"{self.config.block_size}; crop it to the last {self.config.block_size}")
+        x = self.transformer.wte(idx)                                       # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        elif self.config.pos_encoding == "sinusoidal":
+            x = x + self.pos_table[start:start + T]
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, start, cache)
+        if cache is not None:
+            cache.pos += T
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits (B, T, vocab) and, given targets (B, T), the mean cross-entropy (-1 ignored)."""
+        logits = self.lm_head(self.hidden(idx))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Attention weights of every layer for idx (B, T): a list of (B, nh, T, T)."""
+        attns = [block.attn for block in self.transformer.h]
+        for a in attns:
+            a.keep_weights = True
+        try:
+            self.hidden(idx)
+            return [a.weights for a in attns]
+        finally:
+            for a in attns:
+                a.keep_weights, a.weights = False, None
+
+    # ------------------------------------------------------------------ generation
+
+    @torch.no_grad()
+    def generate_stream(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                        top_k: int | None = None, top_p: float | None = None,
+                        use_cache: bool = True, generator: torch.Generator | None = None
+                        ) -> Iterator[torch.Tensor]:
+        """Yield each new token (B, 1) as it is chosen. With the KV cache a step processes one
+        token; once the text outgrows block_size the window slides and each step re-reads the
+        last block_size tokens, exactly as without the cache."""
+        block = self.config.block_size
+        cache = None
+        for _ in range(max_new_tokens):
+            if use_cache and idx.size(1) <= block:
+                if cache is None:
+                    param = self.lm_head.weight
+                    cache = KVCache(self.config, idx.size(0), param.device, param.dtype)
+                    h = self.hidden(idx, cache)
+                else:
+                    h = self.hidden(idx[:, -1:], cache)
+            else:
+                h = self.hidden(idx[:, -block:])
+            logits = self.lm_head(h[:, -1, :])                               # (B, vocab)
+            next_token = pick_token(logits, temperature, top_k, top_p, generator)
+            idx = torch.cat((idx, next_token), dim=1)
+            yield next_token
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """idx (B, T) followed by max_new_tokens sampled tokens; temperature 0 is greedy."""
+        new = list(self.generate_stream(idx, max_new_tokens, temperature, top_k, top_p,
+                                        use_cache, generator))
+        return torch.cat([idx, *new], dim=1)
+
+    # ------------------------------------------------------------------ GPT-2 weights
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "GPT":
+        """Load a Hugging Face GPT-2 checkpoint: a local folder with config.json and
+        model.safetensors or pytorch_model.bin, or a hub name such as "gpt2" (needs network)."""
+        folder = Path(path)
+        if not folder.is_dir():
+            try:
+                from huggingface_hub import snapshot_download
+            except ImportError:
+                raise UserError(f"{path!r} is not a folder, and fetching it from the hub needs "
+                                "huggingface_hub: pip install huggingface_hub") from None
+            folder = Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors",
+                                                                  "pytorch_model.bin"]))
+        hf = json.loads((folder / "config.json").read_text())
+        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+                      "relu": "relu"}[hf.get("activation_function", "gelu_new")]
+        config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
+                           n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
+                           bias=True, activation=activation,
+                           tie_weights=hf.get("tie_word_embeddings", True))
+        if (folder / "model.safetensors").exists():
+            from safetensors.torch import load_file
+            weights = load_file(folder / "model.safetensors")
+        else:
+            weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        model = cls(config)
+        state = {}
+        for key, value in weights.items():
+            key = key.removeprefix("transformer.")
+            if key.endswith((".attn.bias", ".attn.masked_bias")):    # causal-mask buffers
+                continue
+            if key.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
+                             "mlp.c_proj.weight")):
+                value = value.t()       # GPT-2's Conv1D stores (in, out); Linear wants (out, in)
+            state[key if key.startswith("lm_head") else f"transformer.{key}"] = value
+        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+        model.load_state_dict(state)
+        return model
+
+
+def pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """Choose one token per row of logits (B, vocab): greedy at temperature 0, else sample from
+    the softmax restricted to the top_k tokens and to the top_p probability mass."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p   # keeps at least the first
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -1,0 +1,64 @@
+"""Position information, in the three places a transformer can take it.
+
+- added to the token embeddings: a learned table (GPT-2) or fixed sinusoids (Vaswani et al. 2017);
+- rotating queries and keys: RoPE (Su et al. 2021), which makes q.k depend on distance only;
+- biasing attention scores: ALiBi (Press et al. 2021), -slope_h * distance for head h.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
+    """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim))."""
+    pos = torch.arange(n_pos, dtype=torch.float64).unsqueeze(1)       # (P, 1)
+    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    table = torch.zeros(n_pos, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * inv)
+    table[:, 1::2] = torch.cos(pos * inv[: dim // 2])
+    return table.float()
+
+
+class Rotary(nn.Module):
+    """Rotates each pair of channels (2i, 2i+1) of q and k by angle pos * theta_i."""
+
+    def __init__(self, head_size: int, n_pos: int, base: float = 10000.0):
+        super().__init__()
+        inv = base ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+        angles = torch.arange(n_pos, dtype=torch.float64).unsqueeze(1) * inv   # (P, hs/2)
+        # buffers are derived from the config, so they stay out of the state_dict
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x: (B, nh, T, hs) at positions start .. start+T-1."""
+        T = x.size(2)
+        cos = self.cos[start:start + T].to(x.dtype)               # (T, hs/2)
+        sin = self.sin[start:start + T].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]                       # (B, nh, T, hs/2) each
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+        return out.flatten(-2)                                    # (B, nh, T, hs)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """The geometric slopes of the ALiBi paper; for non-powers of two, its interleaving rule."""
+    def powers(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+    if math.log2(n_head).is_integer():
+        slopes = powers(n_head)
+    else:
+        below = 2 ** math.floor(math.log2(n_head))
+        slopes = powers(below) + powers(2 * below)[0::2][: n_head - below]
+    return torch.tensor(slopes)
+
+
+def alibi_bias(slopes: torch.Tensor, q_start: int, T_q: int, T_k: int) -> torch.Tensor:
+    """Additive scores (nh, T_q, T_k): -slope * (i - j) for keys j <= query i, -inf after it."""
+    q_pos = torch.arange(q_start, q_start + T_q, device=slopes.device).unsqueeze(1)
+    k_pos = torch.arange(T_k, device=slopes.device).unsqueeze(0)
+    distance = (q_pos - k_pos).float()                            # (T_q, T_k)
+    bias = -slopes.view(-1, 1, 1) * distance                      # (nh, T_q, T_k)
+    return bias.masked_fill(distance < 0, float("-inf"))

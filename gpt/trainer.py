@@ -1,0 +1,404 @@
+"""The training loop: AdamW, warmup + cosine decay, accumulation, clipping, evaluation,
+checkpoints, metrics.jsonl, and resuming exactly where a run stopped.
+
+One optimizer step draws all of its micro-batches at once from a seeded generator, so a step
+is the same whether it runs in one process or is split over several (DDP).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from . import checkpoint
+from .config import GPTConfig, TrainConfig, UserError, build
+from .data import Batches, ensure_prepared, load_meta
+from .diagnostics import measure as measure_diagnostics
+from .model import GPT
+
+EVAL_SEED = 1234   # every evaluation, in every run, scores the same batches
+
+
+class Diverged(UserError):
+    """The loss or the gradient became nan or inf."""
+
+
+# ---------------------------------------------------------------- pieces
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name!r} but CUDA is not available here; use --device=cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={name!r} but MPS is not available here; use --device=cpu")
+    return name
+
+
+def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
+    if cfg.dtype == "auto":
+        if device_type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def lr_at(it: int, cfg: TrainConfig) -> float:
+    """Linear warmup from 0 to learning_rate over warmup_iters, then cosine decay to min_lr at
+    lr_decay_iters, then min_lr."""
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / cfg.warmup_iters
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+    """Weight decay on matrices and embeddings (dim >= 2), none on biases and norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    fused = device_type in ("cuda", "cpu")
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+            "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), None))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"]))
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Metrics:
+    """metrics.jsonl, one JSON object per line, mirrored to wandb when asked."""
+
+    def __init__(self, path: Path, wandb_run=None):
+        self.path, self.wandb = path, wandb_run
+
+    def trim(self, last_iter: int) -> None:
+        """Drop lines a killed run wrote after its checkpoint, so a resume does not repeat them."""
+        if not self.path.exists():
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue                          # a line cut short by a kill
+            limit = last_iter if row.get("kind") == "eval" else last_iter - 1
+            if row.get("iter", 0) <= limit:
+                keep.append(line)
+        self.path.write_text("".join(k + "\n" for k in keep))
+
+    def log(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.wandb is not None:
+            try:
+                self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))},
+                               step=row["iter"])
+            except Exception as e:   # a logging service must never stop training
+                print(f"warning: wandb logging failed ({e}); continuing without it", file=sys.stderr)
+                self.wandb = None
+
+
+def start_wandb(cfg: TrainConfig, config: dict):
+    if not cfg.wandb:
+        return None
+    try:
+        import wandb
+        return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+                          config=config, dir=cfg.out_dir)
+    except Exception as e:
+        print(f"warning: wandb could not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+              "training goes on without it", file=sys.stderr)
+        return None
+
+
+class StopRequest:
+    """Turns the first Ctrl-C or SIGTERM into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.signal = None
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:          # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------- configs for a run
+
+def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
+    """Typed configs from parsed values. A resume starts from the checkpoint's own configs,
+    so `--resume --out_dir=DIR` alone continues a run; given values still apply on top."""
+    train_cfg = build(TrainConfig, values)
+    base_model, base_train = None, None
+    if train_cfg.resume:
+        path = Path(train_cfg.out_dir) / "ckpt.pt"
+        if not path.exists():
+            raise UserError(f"--resume: nothing to resume, {path} does not exist")
+        ckpt = checkpoint.load(path)
+        base_model, base_train = ckpt["model_config"], ckpt["train_config"]
+        train_cfg = build(TrainConfig, values, base=base_train)
+    return build(GPTConfig, values, base=base_model), train_cfg
+
+
+def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
+    saved = ckpt["model_config"]
+    now = dataclasses.asdict(model_cfg)
+    diffs = [f"{k}={saved[k]!r} in the checkpoint but {now[k]!r} now" for k in now
+             if k != "dropout" and saved.get(k) != now[k]]
+    if diffs:
+        raise UserError("cannot resume with a different model: " + "; ".join(diffs))
+    if ckpt.get("meta", {}).get("chars") != meta.get("chars") or \
+            ckpt.get("meta", {}).get("tokenizer") != meta.get("tokenizer"):
+        raise UserError("cannot resume: the dataset's vocabulary differs from the checkpoint's")
+
+
+def _writable(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror or e}); "
+                        "choose another --out_dir") from None
+
+
+# ---------------------------------------------------------------- the loop
+
+def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
+    """Train one model; returns a summary of the run (also in out_dir/metrics.jsonl)."""
+    ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    if cfg.gradient_accumulation_steps % world:
+        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a "
+                        f"multiple of the {world} processes")
+    device = resolve_device(cfg.device)
+    if ddp:
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+        if device.startswith("cuda"):
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(device)
+    try:
+        return _train(model_cfg, cfg, argv, device, rank, world)
+    finally:
+        if ddp:
+            torch.distributed.destroy_process_group()
+
+
+def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
+    device_type = torch.device(device).type
+    master = rank == 0
+    out_dir = Path(cfg.out_dir)
+    if master:
+        _writable(out_dir)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    folder = ensure_prepared(cfg.data_dir, cfg.dataset) if master else Path(cfg.data_dir) / cfg.dataset
+    if world > 1:
+        torch.distributed.barrier()
+    meta = load_meta(folder)
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
+    seed_everything(cfg.seed)
+    batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed)
+    model = GPT(model_cfg).to(device)
+    optimizer = make_optimizer(model, cfg, device_type)
+
+    start_iter, best_val, last_eval = 0, float("inf"), -1
+    metrics_path = out_dir / "metrics.jsonl"
+    if cfg.resume:
+        ckpt = checkpoint.load(out_dir / "ckpt.pt", map_location=device)
+        _check_resume(ckpt, model_cfg, meta)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
+        set_rng_state(ckpt["rng"])
+        batches.set_state(ckpt["batch_rng"])
+        if start_iter >= cfg.max_iters:
+            raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
+                            "to train further")
+    elif master and metrics_path.exists():
+        metrics_path.unlink()           # a fresh run in an old folder starts a fresh log
+
+    config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
+    metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
+    if master:
+        if cfg.resume:
+            metrics.trim(start_iter)
+        (out_dir / "config.json").write_text(json.dumps(config_record, indent=1))
+        with open(out_dir / "command.txt", "a") as f:
+            f.write(" ".join(["python", "train.py", *(argv or [])]) + "\n")
+
+    raw_model = model
+    if cfg.compile:
+        model = torch.compile(model)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
+    dtype = autocast_dtype(cfg, device_type)
+    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
+    local_steps = cfg.gradient_accumulation_steps // world
+    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * model_cfg.block_size
+
+    def save(name: str, it: int) -> None:
+        checkpoint.save({
+            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+            "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
+            "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
+            "rng": rng_state(), "batch_rng": batches.state(),
+        }, out_dir / name)
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        raw_model.eval()
+        out = {}
+        for split in ("train", "val"):
+            gen = torch.Generator().manual_seed(EVAL_SEED)
+            losses = []
+            for _ in range(cfg.eval_iters):
+                x, y = batches.draw(split, 1, gen)
+                with autocast:
+                    losses.append(raw_model(x[0], y[0])[1].item())
+            out[f"{split}_loss"] = float(np.mean(losses))
+        raw_model.train()
+        return out
+
+    summary = {"diverged": False, "stopped_by": None}
+    tick, tokens_since, skipped = time.perf_counter(), 0, 0
+    t_start = time.perf_counter()
+    bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None,
+               dynamic_ncols=True, desc=out_dir.name)
+    with StopRequest() as stop, contextlib.closing(bar):
+        it = start_iter
+        while True:
+            lr = lr_at(it, cfg)
+            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != last_eval:
+                elapsed = time.perf_counter() - tick
+                row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
+                       "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0}
+                if cfg.diagnostics:
+                    gen = torch.Generator().manual_seed(EVAL_SEED)
+                    x, y = batches.draw("val", 1, gen)
+                    row.update(measure_diagnostics(raw_model, x[0], y[0]))
+                last_eval = it
+                if master:
+                    metrics.log(row)
+                    bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f}, "
+                              f"lr {lr:.2e}, {row['tokens_per_sec']:,.0f} tokens/s")
+                    if row["val_loss"] < best_val:
+                        best_val = row["val_loss"]
+                        save("ckpt_best.pt", it)
+                    save("ckpt.pt", it)
+                summary.update(row)
+                tick, tokens_since = time.perf_counter(), 0
+            if it >= cfg.max_iters:
+                break
+
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            xs, ys = batches.draw("train", cfg.gradient_accumulation_steps)
+            mine = slice(rank * local_steps, (rank + 1) * local_steps)
+            xs, ys = xs[mine], ys[mine]                       # (local_steps, B, T)
+            loss_sum = torch.zeros((), device=device)
+            for micro in range(local_steps):
+                if world > 1:   # average gradients over processes on the last micro-step only
+                    model.require_backward_grad_sync = micro == local_steps - 1
+                with autocast:
+                    _, loss = model(xs[micro], ys[micro])
+                (loss / local_steps).backward()
+                loss_sum += loss.detach()
+            if world > 1:
+                torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
+            loss_value = loss_sum.item() / local_steps
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                raw_model.parameters(), cfg.grad_clip or float("inf")).item()
+            if math.isfinite(loss_value) and math.isfinite(grad_norm):
+                optimizer.step()
+                tokens_since += tokens_per_iter
+            else:
+                if master:
+                    metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
+                                 "loss": str(loss_value), "grad_norm": str(grad_norm)})
+                if not cfg.skip_nonfinite:
+                    summary["diverged"] = True
+                    raise Diverged(f"loss became {loss_value} (gradient norm {grad_norm}) at "
+                                   f"iteration {it}; stopped, and {out_dir / 'ckpt.pt'} keeps the "
+                                   f"last good state (iteration {last_eval}). Lower "
+                                   "--learning_rate, or pass --skip_nonfinite=true to skip such steps")
+                skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            if master and it % cfg.log_interval == 0:
+                metrics.log({"kind": "train", "iter": it, "loss": loss_value, "lr": lr,
+                             "grad_norm": grad_norm})
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.1e}", refresh=False)
+            bar.update(1)
+            it += 1
+            if stop.signal is not None:
+                if master:
+                    save("ckpt.pt", it)
+                    metrics.log({"kind": "event", "iter": it, "event": f"stopped by {stop.signal}"})
+                    bar.write(f"{stop.signal}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
+                              "continue with --resume")
+                summary["stopped_by"] = stop.signal
+                break
+    summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,
+                   wall_s=time.perf_counter() - t_start)
+    return summary

@@ -1,0 +1,68 @@
+"""Write text with a trained model: python sample.py --out_dir=DIR --start="ROMEO:" [...]
+
+The checkpoint carries the model's config and vocabulary, so nothing else is needed."""
+
+import sys
+from pathlib import Path
+
+from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text("sample.py", (SampleConfig,)))
+        return 0
+    try:
+        cfg = build(SampleConfig, parse_argv(argv, (SampleConfig,)).values)
+        for text in sample(cfg):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def sample(cfg: SampleConfig):
+    """Yield the text of each sample piece by piece, as it is generated."""
+    import torch
+
+    from gpt import checkpoint
+    from gpt.data import tokenizer_from_meta
+    from gpt.model import GPT
+    from gpt.trainer import resolve_device
+
+    device = resolve_device(cfg.device)
+    ckpt = checkpoint.load(Path(cfg.out_dir) / "ckpt.pt", map_location=device)
+    model = GPT(checkpoint.model_config(ckpt))
+    model.load_state_dict(ckpt["model"])
+    model.to(device).eval()
+    tok = tokenizer_from_meta(ckpt["meta"])
+    prompt = cfg.start
+    if prompt.startswith("FILE:"):
+        path = Path(prompt[5:])
+        if not path.is_file():
+            raise UserError(f"--start=FILE:{path}: no such file")
+        prompt = path.read_text(encoding="utf-8")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise UserError("--start is empty; give at least one character")
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    for i in range(cfg.num_samples):
+        yield prompt
+        idx = torch.tensor([ids], dtype=torch.long, device=device)
+        stream = model.generate_stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k or None,
+                                       cfg.top_p, cfg.use_cache, generator)
+        new, shown = [], ""
+        for token in stream:
+            new.append(token.item())
+            text = tok.decode(new)
+            if not text.endswith("\ufffd"):   # a BPE token may end inside a character
+                yield text[len(shown):]
+                shown = text
+        yield "\n" + ("-" * 40 + "\n" if i < cfg.num_samples - 1 else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

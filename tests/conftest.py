@@ -1,0 +1,39 @@
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
+
+from gpt.data import prepare  # noqa: E402
+
+# A tiny run: fast on 2 cores, still a real model with every part present.
+TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
+        "--batch_size=4", "--eval_iters=2", "--warmup_iters=2", "--threads=1",
+        "--dropout=0.0", "--log_interval=1"]
+
+
+def make_text(n_words: int = 4000, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    words = ["to", "be", "or", "not", "the", "king", "queen", "ROMEO:", "JULIET:", "love", "night",
+             "thou", "art", "my", "sweet", "and", "fair", "day", "shall", "we", "go"]
+    lines, line = [], []
+    for _ in range(n_words):
+        line.append(rng.choice(words))
+        if len(line) > 7 or rng.random() < 0.1:
+            lines.append(" ".join(line) + rng.choice([",", ".", "!", "?"]))
+            line = []
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """A prepared character dataset named 'tiny' under tmp_path/data."""
+    prepare(make_text(), tmp_path / "data" / "tiny")
+    return tmp_path / "data"
+
+
+def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *TINY, *extra]

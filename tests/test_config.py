@@ -1,0 +1,98 @@
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from gpt.config import (CONFIG_DIR, GPTConfig, SampleConfig, TrainConfig, UserError, available_configs,
+                        build, help_text, parse_argv, read_config_file)
+
+
+def test_overrides_are_typed_and_win_over_the_file():
+    args = parse_argv(["--config", "shakespeare_char", "--n_layer=4", "--learning_rate=3e-4",
+                       "--compile", "--dropout", "0.1", "--device=cpu"])
+    assert args.values["n_layer"] == 4 and isinstance(args.values["n_layer"], int)
+    assert args.values["learning_rate"] == pytest.approx(3e-4)
+    assert args.values["compile"] is True
+    assert args.values["dropout"] == pytest.approx(0.1)
+    assert args.values["n_embd"] == 384          # from the file
+    assert args.overrides == {"n_layer": 4, "learning_rate": 3e-4, "compile": True, "dropout": 0.1,
+                              "device": "cpu"}
+
+
+def test_shakespeare_char_is_the_baseline_recipe():
+    values, sweep = read_config_file("shakespeare_char")
+    model, train = build(GPTConfig, values), build(TrainConfig, values)
+    assert (model.n_layer, model.n_head, model.n_embd, model.block_size, model.dropout) == (6, 6, 384, 256, 0.2)
+    assert (train.batch_size, train.learning_rate, train.warmup_iters, train.min_lr) == (64, 1e-3, 100, 1e-4)
+    assert (train.lr_decay_iters, train.max_iters, train.beta2, train.weight_decay) == (5000, 5000, 0.99, 0.1)
+    assert (train.grad_clip, train.eval_interval) == (1.0, 250)
+    assert sweep == {}
+
+
+@pytest.mark.parametrize("name", available_configs())
+def test_every_shipped_config_loads(name):
+    values, sweep = read_config_file(name)
+    build(GPTConfig, values)
+    build(TrainConfig, values)
+    for axis, options in sweep.items():
+        for option in options:           # every grid point must be a valid config too
+            build(GPTConfig, {**values, axis: option})
+            build(TrainConfig, {**values, axis: option})
+    assert len(list(CONFIG_DIR.rglob("*.toml"))) == len(available_configs())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_layers=4"], r"unknown option --n_layers; did you mean --n_layer\?"),
+    (["--learning_rat=1"], r"did you mean --learning_rate\?"),
+    (["--n_layer=four"], r"n_layer='four' is not a valid int"),
+    (["--n_layer=2.5"], r"n_layer='2.5' is not a valid int"),
+    (["--compile=maybe"], r"compile='maybe' is not a valid bool"),
+    (["--config", "nope"], r"no config named 'nope'; available: .*shakespeare_char"),
+    (["n_layer=4"], r"unexpected argument 'n_layer=4'"),
+    (["--sweep", "n_layer"], r"should look like --sweep name=v1,v2"),
+    (["--n_layer"], r"--n_layer needs a value"),
+])
+def test_bad_command_lines_name_the_problem(argv, message):
+    with pytest.raises(UserError, match=message):
+        parse_argv(argv)
+
+
+@pytest.mark.parametrize("cls, values, message", [
+    (TrainConfig, {"learning_rate": -1.0}, r"learning_rate=-1.0 must be positive"),
+    (TrainConfig, {"min_lr": 1.0, "learning_rate": 0.1}, r"min_lr=1.0 is above learning_rate"),
+    (TrainConfig, {"batch_size": 0}, r"batch_size=0 must be positive"),
+    (TrainConfig, {"dtype": "fp8"}, r"dtype='fp8' is not allowed; choose one of auto, float32"),
+    (TrainConfig, {"beta2": 1.0}, r"beta2=1.0 must be in \[0, 1\)"),
+    (GPTConfig, {"n_embd": 100, "n_head": 3}, r"n_embd=100 is not divisible by n_head=3"),
+    (GPTConfig, {"dropout": 1.5}, r"dropout=1.5"),
+    (SampleConfig, {"top_p": 0.0}, r"top_p=0.0 must be in \(0, 1\]"),
+    (SampleConfig, {"temperature": -1.0}, r"temperature=-1.0 must not be negative"),
+])
+def test_bad_values_fail_where_they_enter(cls, values, message):
+    with pytest.raises(UserError, match=message):
+        build(cls, values)
+
+
+def test_sweep_axes_parse_to_typed_lists():
+    args = parse_argv(["--sweep", "residual=true,false", "--sweep=n_head=1,2,4", "--seeds=3"])
+    assert args.sweep == {"residual": [True, False], "n_head": [1, 2, 4]}
+    assert args.values["seeds"] == 3
+
+
+def test_help_lists_every_field_with_default_and_meaning():
+    text = help_text("train.py")
+    for cls in (GPTConfig, TrainConfig):
+        for f in dataclasses.fields(cls):
+            assert f"--{f.name}={f.default!r}" in text
+            assert f.metadata["help"] in text
+
+
+def test_a_config_file_path_works(tmp_path: Path):
+    path = tmp_path / "mine.toml"
+    path.write_text('n_layer = 3\nlearning_rate = 1\n[sweep]\nresidual = [true, false]\nseeds = 2\n')
+    values, sweep = read_config_file(str(path))
+    assert values == {"n_layer": 3, "learning_rate": 1.0, "seeds": 2}
+    assert sweep == {"residual": [True, False]}
+    path.write_text("n_layer = [\n")
+    with pytest.raises(UserError, match="mine.toml"):
+        read_config_file(str(path))

@@ -1,0 +1,98 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import make_text
+from gpt.config import UserError
+from gpt.data import Batches, CharTokenizer, ensure_prepared, prepare, tokenizer_from_meta
+
+
+def test_prepare_round_trip(tmp_path):
+    text = make_text(500) + "äé—\n"
+    meta = prepare(text, tmp_path)
+    tok = tokenizer_from_meta(json.loads((tmp_path / "meta.json").read_text()))
+    train = np.fromfile(tmp_path / "train.bin", dtype=np.uint16)
+    val = np.fromfile(tmp_path / "val.bin", dtype=np.uint16)
+    assert tok.decode(train.tolist()) + tok.decode(val.tolist()) == text
+    assert tok.decode(tok.encode(text)) == text
+    assert meta["vocab_size"] == len(set(text)) == tok.vocab_size
+    assert len(train) == int(len(text) * 0.9) and len(val) == len(text) - len(train)
+    assert not list(tmp_path.glob("*.pkl"))
+
+
+def test_prepare_again_gives_the_same_files(tmp_path):
+    text = make_text(300)
+    prepare(text, tmp_path)
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    prepare(text, tmp_path)
+    assert first == {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+
+def test_prepare_script_on_a_users_file(tmp_path):
+    from gpt.data import prepare_main
+    src = tmp_path / "mine.txt"
+    src.write_text("hello world\n" * 50)
+    assert prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")]) == 0
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["chars"] == sorted(set("hello world\n"))
+
+
+def test_bpe_prepare_round_trip(tmp_path, monkeypatch):
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("GPT-2 BPE files are not available offline")
+    text = make_text(300)
+    prepare(text, tmp_path, tokenizer="tiktoken")
+    tok = tokenizer_from_meta(json.loads((tmp_path / "meta.json").read_text()))
+    ids = np.concatenate([np.fromfile(tmp_path / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert tok.vocab_size == 50257
+    assert tok.decode(ids.tolist()) == text
+
+
+def test_unknown_characters_are_named():
+    tok = CharTokenizer(list("abc"))
+    with pytest.raises(UserError, match=r"not in the vocabulary: 'xz'"):
+        tok.encode("abxcz")
+
+
+def test_missing_dataset_says_what_to_do(tmp_path):
+    with pytest.raises(UserError, match=r"dataset 'mine' is not prepared: .*prepare.py --input FILE"):
+        ensure_prepared(str(tmp_path), "mine")
+
+
+def test_download_failure_says_where_to_put_the_file(tmp_path, monkeypatch):
+    import urllib.request
+
+    def offline(*a, **k):
+        raise OSError("no network")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(UserError, match=r"put the file from https://\S+ at .*shakespeare_char/input.txt"):
+        ensure_prepared(str(tmp_path), "shakespeare_char")
+
+
+def test_batches_are_shifted_windows_and_reproducible(data_dir):
+    b1 = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
+    b2 = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
+    x1, y1 = b1.draw("train", 2)
+    x2, y2 = b2.draw("train", 2)
+    assert x1.shape == y1.shape == (2, 4, 16)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(x1[..., 1:], y1[..., :-1])           # y is x shifted by one token
+    train = torch.from_numpy(np.fromfile(data_dir / "tiny" / "train.bin", dtype=np.uint16).astype(np.int64))
+    row = x1[0, 0]
+    starts = [i for i in range(len(train) - 16) if torch.equal(train[i:i + 16], row)]
+    assert starts, "every row is a window of the training tokens"
+    state = b1.state()
+    x3, _ = b1.draw("train", 1)
+    b1.set_state(state)
+    assert torch.equal(b1.draw("train", 1)[0], x3)
+
+
+def test_block_size_longer_than_the_data(tmp_path):
+    prepare("abcdefghij" * 3, tmp_path)
+    with pytest.raises(UserError, match=r"val split .* has 3 tokens, too few for block_size=16"):
+        Batches(tmp_path, 16, 2, "cpu", 0)

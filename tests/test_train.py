@@ -1,0 +1,117 @@
+import json
+import math
+
+import pytest
+import torch
+
+import sample
+import train
+from conftest import tiny_args
+from gpt import checkpoint
+from gpt.config import GPTConfig, TrainConfig
+from gpt.model import GPT
+from gpt.trainer import lr_at, make_optimizer
+
+
+def read_metrics(out_dir, kind):
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def test_schedule_warms_up_linearly_then_follows_the_cosine():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
+    assert [lr_at(i, cfg) for i in range(3)] == pytest.approx([1e-4, 2e-4, 3e-4])
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(10, cfg) == pytest.approx(1e-3)
+    assert lr_at(60, cfg) == pytest.approx(1e-4 + 0.5 * 9e-4)          # half way: cos = 0
+    assert lr_at(85, cfg) == pytest.approx(1e-4 + 0.5 * (1 + math.cos(math.pi * 0.75)) * 9e-4)
+    assert lr_at(110, cfg) == lr_at(500, cfg) == pytest.approx(1e-4)
+    lrs = [lr_at(i, cfg) for i in range(10, 111)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    flat = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=0, decay_lr=False)
+    assert lr_at(0, flat) == lr_at(4000, flat) == 1e-3
+
+
+def test_weight_decay_applies_to_matrices_and_embeddings_only():
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), "cpu")
+    decay, no_decay = opt.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {names[id(p)] for p in decay["params"]} == {
+        n for n, p in model.named_parameters() if n.endswith(("wte.weight", "wpe.weight", "c_attn.weight",
+                                                               "c_proj.weight", "c_fc.weight"))}
+    assert all(names[id(p)].endswith((".bias", "ln_1.weight", "ln_2.weight", "ln_f.weight"))
+               for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10",
+                                "--learning_rate=3e-3")) == 0
+    evals = read_metrics(out, "eval")
+    assert [e["iter"] for e in evals] == [0, 10, 20, 30]
+    for e in evals:
+        assert {"train_loss", "val_loss", "lr", "tokens_per_sec"} <= e.keys()
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    assert len(read_metrics(out, "train")) == 30
+    for name in ("ckpt.pt", "ckpt_best.pt", "config.json", "command.txt"):
+        assert (out / name).exists()
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["model"]["n_layer"] == 2 and saved["train"]["max_iters"] == 30
+    capsys.readouterr()
+
+    args = [f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=40", "--seed=7", "--num_samples=2"]
+    assert sample.main(args) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("ROMEO:") and first.count("ROMEO:") >= 2
+    assert len(first) >= 2 * (len("ROMEO:") + 40)
+    assert sample.main(args) == 0
+    assert capsys.readouterr().out == first                  # same seed, same text
+    assert sample.main(args[:-2] + ["--seed=8", "--num_samples=2"]) == 0
+    assert capsys.readouterr().out != first
+
+
+def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("JULIET:")
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}", f"--start=FILE:{prompt}", "--max_new_tokens=5",
+                        "--temperature=0"]) == 0
+    assert capsys.readouterr().out.startswith("JULIET:")
+    assert sample.main([f"--out_dir={out}", "--start=ROMEO: Ω#", "--max_new_tokens=5"]) == 2
+    assert "not in the vocabulary: '#Ω'" in capsys.readouterr().err
+
+
+def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path):
+    extra = ["--max_iters=24", "--eval_interval=8", "--dropout=0.1", "--seed=5"]
+    one = tmp_path / "one"
+    assert train.main(tiny_args(data_dir, one, *extra)) == 0
+    two = tmp_path / "two"
+    assert train.main(tiny_args(data_dir, two, *extra[1:], "--max_iters=24", "--eval_interval=8")) == 0
+    # train part way (stop at 12, between evaluations, as Ctrl-C would), then resume to the end
+    three = tmp_path / "three"
+    assert train.main(tiny_args(data_dir, three, *extra[1:], "--max_iters=12")) == 0
+    assert train.main([f"--out_dir={three}", "--resume", "--max_iters=24"]) == 0
+    for a, b in ((one, two), (one, three)):
+        assert read_metrics(a, "train") == read_metrics(b, "train")
+        evals_b = {e["iter"]: e["val_loss"] for e in read_metrics(b, "eval")}
+        assert {e["iter"]: e["val_loss"] for e in read_metrics(a, "eval")}.items() <= evals_b.items()
+        wa, wb = checkpoint.load(a / "ckpt.pt"), checkpoint.load(b / "ckpt.pt")
+        assert all(torch.equal(wa["model"][k], wb["model"][k]) for k in wa["model"])
+        assert wa["best_val_loss"] == wb["best_val_loss"]
+
+
+def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4",
+                                "--pos_encoding=rope", "--norm_type=rmsnorm")) == 0
+    ckpt = checkpoint.load(out / "ckpt.pt")
+    cfg = checkpoint.model_config(ckpt)
+    assert (cfg.pos_encoding, cfg.norm_type, cfg.n_layer) == ("rope", "rmsnorm", 2)
+    model = GPT(cfg)
+    model.load_state_dict(ckpt["model"])
+    assert ckpt["meta"]["tokenizer"] == "char"
