@@ -194,15 +194,15 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
 
 
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
-    saved = ckpt["model_config"]
+    saved = ckpt.get("meta", {})
+    if (saved.get("tokenizer"), saved.get("chars")) != (meta.get("tokenizer"), meta.get("chars")):
+        raise UserError(f"cannot resume: the dataset's vocabulary ({meta.get('vocab_size')} tokens) "
+                        f"differs from the checkpoint's ({saved.get('vocab_size')} tokens)")
     now = dataclasses.asdict(model_cfg)
-    diffs = [f"{k}={saved[k]!r} in the checkpoint but {now[k]!r} now" for k in now
-             if k != "dropout" and saved.get(k) != now[k]]
+    diffs = [f"{k}={ckpt['model_config'].get(k)!r} in the checkpoint but {now[k]!r} now"
+             for k in now if k != "dropout" and ckpt["model_config"].get(k) != now[k]]
     if diffs:
         raise UserError("cannot resume with a different model: " + "; ".join(diffs))
-    if ckpt.get("meta", {}).get("chars") != meta.get("chars") or \
-            ckpt.get("meta", {}).get("tokenizer") != meta.get("tokenizer"):
-        raise UserError("cannot resume: the dataset's vocabulary differs from the checkpoint's")
 
 
 def _writable(out_dir: Path) -> None:

@@ -1,0 +1,236 @@
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import sample
+import train
+from conftest import ROOT, tiny_args
+from gpt import checkpoint
+from gpt.config import UserError
+from gpt.data import prepare
+
+
+def train_lines(out_dir):
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["iter"], r["loss"]) for r in rows if r["kind"] == "train"]
+
+
+def same_weights(a, b):
+    wa, wb = checkpoint.load(a / "ckpt.pt")["model"], checkpoint.load(b / "ckpt.pt")["model"]
+    return all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def spawn(args):
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_iter(out_dir, n, proc, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        path = out_dir / "metrics.jsonl"
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.05)
+
+
+RUN = ["--max_iters=60", "--eval_interval=10", "--dropout=0.1", "--seed=11"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
+    ref = tmp_path / "ref"
+    assert train.main(tiny_args(data_dir, ref, *RUN)) == 0
+    out = tmp_path / "stopped"
+    proc = spawn(tiny_args(data_dir, out, *RUN))
+    wait_for_iter(out, 15, proc)
+    proc.send_signal(sig)
+    stdout, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    stopped_at = checkpoint.load(out / "ckpt.pt")["iter"]
+    assert 0 < stopped_at < 60 and f"saved {out / 'ckpt.pt'} at iteration {stopped_at}" in stdout
+    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+    assert train_lines(out) == train_lines(ref)
+    assert same_weights(out, ref)
+
+
+def test_killed_at_random_moments_resumes_to_the_same_end(data_dir, tmp_path):
+    run = ["--max_iters=200", "--eval_interval=10", "--dropout=0.1", "--seed=11"]
+    ref = tmp_path / "ref"
+    assert train.main(tiny_args(data_dir, ref, *run)) == 0
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    proc = spawn(tiny_args(data_dir, out, *run))
+    for kill in range(4):
+        # somewhere in training: after a random number of logged lines, plus a random delay
+        wait_for_iter(out, rng.randrange(5, 200), proc)
+        time.sleep(rng.uniform(0, 0.2))
+        proc.kill()
+        proc.wait()
+        if (out / "ckpt.pt").exists() and checkpoint.load(out / "ckpt.pt")["iter"] == 200:
+            break                                  # killed after the final save
+        args = [f"--out_dir={out}", "--resume"] if (out / "ckpt.pt").exists() else tiny_args(data_dir, out, *run)
+        proc = spawn(args)
+    else:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert train_lines(out) == train_lines(ref)
+    assert same_weights(out, ref)
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch boom-was-run",))
+
+
+def test_a_pickled_object_is_refused_and_never_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"format": checkpoint.FORMAT, "model": {}, "x": Boom()}, path)
+    with pytest.raises(UserError, match="holds pickled Python objects and was refused"):
+        checkpoint.load(path)
+    assert not (tmp_path / "boom-was-run").exists()
+
+
+def test_a_save_leaves_no_temporary_file_and_replaces_atomically(tmp_path):
+    checkpoint.save({"a": torch.ones(2)}, tmp_path / "ckpt.pt")
+    checkpoint.save({"a": torch.zeros(2)}, tmp_path / "ckpt.pt")
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
+    assert torch.equal(checkpoint.load(tmp_path / "ckpt.pt")["a"], torch.zeros(2))
+
+
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt.model import GPT
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = real_forward(self, idx, targets)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] == 15:
+                loss = loss * float("nan")
+        return logits, loss
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10")) == 2
+    err = capsys.readouterr().err
+    assert "loss became nan" in err and "at iteration 14" in err and "(iteration 10)" in err
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 10
+    calls["n"] = 0
+    out2 = tmp_path / "skip"
+    assert train.main(tiny_args(data_dir, out2, "--max_iters=30", "--eval_interval=10",
+                                "--skip_nonfinite=true")) == 0
+    events = [json.loads(x) for x in (out2 / "metrics.jsonl").read_text().splitlines()]
+    assert [e["iter"] for e in events if e["kind"] == "event"] == [14]
+    assert checkpoint.load(out2 / "ckpt.pt")["iter"] == 30
+
+
+def test_wandb_failure_warns_once_and_training_goes_on(data_dir, tmp_path, monkeypatch, capsys):
+    wandb = pytest.importorskip("wandb")
+
+    def broken(*a, **k):
+        raise RuntimeError("no network")
+    monkeypatch.setattr(wandb, "init", broken)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--wandb=true")) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: wandb could not start (no network)") == 1
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
+
+
+# ---------------------------------------------------------------- one-line errors for bad input
+
+def _trained(data_dir, tmp_path):
+    out = tmp_path / "good"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    return out
+
+
+def _other_vocab(data_dir):
+    prepare("xyz " * 500, data_dir / "other")
+    return data_dir
+
+
+ERRORS = [  # (name, script, argv builder, expected message)
+    ("unknown config", "train", lambda d, t, g: ["--config", "shakespeare_chr"],
+     r"no config named 'shakespeare_chr'; available: .*shakespeare_char"),
+    ("unknown field", "train", lambda d, t, g: tiny_args(d, t / "o", "--lerning_rate=1"),
+     r"unknown option --lerning_rate; did you mean --learning_rate\?"),
+    ("mistyped value", "train", lambda d, t, g: tiny_args(d, t / "o", "--max_iters=ten"),
+     r"max_iters='ten' is not a valid int"),
+    ("negative lr", "train", lambda d, t, g: tiny_args(d, t / "o", "--learning_rate=-0.1"),
+     r"learning_rate=-0.1 must be positive"),
+    ("heads", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_head=3"),
+     r"n_embd=16 is not divisible by n_head=3"),
+    ("block too long", "train", lambda d, t, g: tiny_args(d, t / "o", "--block_size=100000"),
+     r"too few for block_size=100000"),
+    ("missing dataset", "train", lambda d, t, g: tiny_args(d, t / "o", "--dataset=nosuch"),
+     r"dataset 'nosuch' is not prepared"),
+    ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
+     r"out_dir=.* cannot be written"),
+    ("nothing to resume", "train", lambda d, t, g: tiny_args(d, t / "empty", "--resume"),
+     r"--resume: nothing to resume, .*ckpt.pt does not exist"),
+    ("resume other shape", "train", lambda d, t, g: [f"--out_dir={g}", "--resume", "--n_layer=3",
+                                                     "--max_iters=4"],
+     r"cannot resume with a different model: n_layer=2 in the checkpoint but 3 now"),
+    ("resume other vocab", "train", lambda d, t, g: [f"--out_dir={g}", "--resume", "--dataset=other",
+                                                     f"--data_dir={_other_vocab(d)}", "--max_iters=4"],
+     r"cannot resume: the dataset's vocabulary \(4 tokens\) differs from the checkpoint's \(37"),
+    ("resume finished", "train", lambda d, t, g: [f"--out_dir={g}", "--resume"],
+     r"already at iteration 2; raise --max_iters"),
+    ("missing checkpoint", "sample", lambda d, t, g: [f"--out_dir={t / 'none'}"],
+     r"no checkpoint at .*ckpt.pt"),
+    ("truncated checkpoint", "sample", lambda d, t, g: [f"--out_dir={_truncate(g)}"],
+     r"is not a readable checkpoint \(truncated or corrupt\)"),
+    ("foreign checkpoint", "sample", lambda d, t, g: [f"--out_dir={_foreign(t)}"],
+     r"is not a checkpoint of this project"),
+    ("prompt outside vocab", "sample", lambda d, t, g: [f"--out_dir={g}", "--start=ROMEO~@"],
+     r"characters not in the vocabulary: '@~'"),
+    ("bad sampling value", "sample", lambda d, t, g: [f"--out_dir={g}", "--top_p=2"],
+     r"top_p=2.0 must be in \(0, 1\]"),
+]
+
+
+def _truncate(good):
+    bad = good.parent / "truncated"
+    bad.mkdir()
+    data = (good / "ckpt.pt").read_bytes()
+    (bad / "ckpt.pt").write_bytes(data[: len(data) // 2])
+    return bad
+
+
+def _foreign(tmp_path):
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    torch.save({"state_dict": {"w": torch.ones(1)}}, folder / "ckpt.pt")
+    return folder
+
+
+@pytest.mark.parametrize("name, script, argv, message", ERRORS, ids=[e[0] for e in ERRORS])
+def test_bad_input_gets_one_line_and_loses_nothing(name, script, argv, message, data_dir, tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("not a folder")
+    good = _trained(data_dir, tmp_path)
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+    capsys.readouterr()
+    main = train.main if script == "train" else sample.main
+    assert main(argv(data_dir, tmp_path, good)) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert re.search(message, err), err
+    assert before == {p.name: p.read_bytes() for p in good.iterdir()}
+
+
+def test_the_scripts_exit_2_without_a_traceback():
+    proc = subprocess.run([sys.executable, "train.py", "--n_layer=0"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: n_layer=0 must be positive"
