@@ -1,0 +1,31 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import train
+from conftest import ROOT, tiny_args
+
+
+def losses(out_dir):
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["kind"] == "train"]
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_path):
+    args = ["--max_iters=8", "--eval_interval=8", "--gradient_accumulation_steps=2", "--seed=3"]
+    single = tmp_path / "single"
+    assert train.main(tiny_args(data_dir, single, *args)) == 0
+    ddp = tmp_path / "ddp"
+    proc = subprocess.run(
+        ["torchrun", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+         *tiny_args(data_dir, ddp, *args)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = losses(single), losses(ddp)
+    assert len(a) == len(b) == 8
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert a[-1] < a[0]
