@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
             return sweep.run(args, argv)
         model_cfg, train_cfg = trainer.configs_for_run(args.values)
         summary = trainer.train(model_cfg, train_cfg, argv)
+    except trainer.Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return sweep.DIVERGED_EXIT
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,283 @@
-"""Ablation sweeps (placeholder until the sweep runner lands)."""
-from .config import UserError
+"""Ablation sweeps: run a grid of settings over several seeds, then report what changed.
+
+    python train.py --config shakespeare_char_cpu --sweep residual=true,false --seeds=3 --out_dir=DIR
+    python -m gpt.sweep report DIR
+
+Each run is its own `python train.py` process writing to DIR/<setting>__seed=<n>/, so runs are
+isolated, can go side by side (--jobs), and a sweep started again skips finished runs and
+resumes interrupted ones. The report reads only the run folders' metrics.jsonl and result.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import GPTConfig, SweepConfig, TrainConfig, UserError, build
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DIVERGED_EXIT = 3       # train.py's exit status when the loss became nan or inf
 
 
-def run(args, argv):
-    raise UserError("sweeps are not available yet")
+@dataclass
+class Run:
+    setting: dict         # axis name -> value
+    seed: int
+    folder: Path
+
+    @property
+    def label(self) -> str:
+        return setting_label(self.setting)
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def setting_label(setting: dict) -> str:
+    return "__".join(f"{k}={_text(v)}" for k, v in setting.items()) or "base"
+
+
+def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[Run]:
+    """Every combination of axis values (first axis slowest), each with `seeds` seeds."""
+    names = list(axes)
+    runs = []
+    for values in itertools.product(*(axes[n] for n in names)):
+        setting = dict(zip(names, values))
+        for i in range(seeds):
+            seed = base_seed + i
+            runs.append(Run(setting, seed, out_dir / f"{setting_label(setting)}__seed={seed}"))
+    return runs
+
+
+def _command(values: dict, run: Run, threads: int) -> list[str]:
+    args = {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}
+    args.update(run.setting, seed=run.seed, out_dir=str(run.folder))
+    args.setdefault("threads", threads)
+    if (run.folder / "ckpt.pt").exists():
+        args["resume"] = True
+    return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
+
+
+def run(args, argv: list[str]) -> int:
+    """Run the grid described by parsed args (axes in args.sweep), then write the report."""
+    values = dict(args.values)
+    sweep_cfg = build(SweepConfig, values)
+    out_dir = Path(values.get("out_dir", "runs/sweep"))
+    base_seed = values.get("seed", TrainConfig.seed)
+    runs = expand(args.sweep, sweep_cfg.seeds, base_seed, out_dir)
+    for r in runs:          # a bad grid point fails now, not an hour into the sweep
+        build(GPTConfig, {**values, **r.setting})
+        build(TrainConfig, {**values, **r.setting})
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
+    (out_dir / "sweep.json").write_text(json.dumps(
+        {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "values": values,
+         "command": " ".join(["python", "train.py", *argv])}, indent=1))
+
+    todo = [r for r in runs if not (r.folder / "result.json").exists()]
+    print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
+          f"{sweep_cfg.jobs} at a time, in {out_dir}")
+    threads = max(1, (os.cpu_count() or 1) // sweep_cfg.jobs)
+    running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
+    done = len(runs) - len(todo)
+    try:
+        while todo or running:
+            while todo and len(running) < sweep_cfg.jobs:
+                r = todo.pop(0)
+                r.folder.mkdir(parents=True, exist_ok=True)
+                log = open(r.folder / "log.txt", "a")
+                proc = subprocess.Popen(_command(values, r, threads), stdout=log,
+                                        stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                running[proc] = (r, time.time(), log)
+                print(f"[{done}/{len(runs)} done] started {r.folder.name} "
+                      f"({len(running)} running, {len(todo)} waiting)", flush=True)
+            time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                r, started, log = running.pop(proc)
+                log.close()
+                status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(proc.returncode, "failed")
+                result = {"status": status, "returncode": proc.returncode,
+                          "wall_s": time.time() - started}
+                if status != "failed":
+                    (r.folder / "result.json").write_text(json.dumps(result))
+                done += 1
+                final = _final_eval(r.folder)
+                val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
+                print(f"[{done}/{len(runs)} done] {r.folder.name}: {status}, {val}, "
+                      f"{result['wall_s']:.0f} s" + (f" (see {r.folder / 'log.txt'})"
+                                                     if status == "failed" else ""), flush=True)
+    except KeyboardInterrupt:
+        for proc in running:
+            proc.terminate()          # each run saves a checkpoint; the next start resumes it
+        for proc in running:
+            proc.wait()
+        print("sweep interrupted; run the same command again to continue", file=sys.stderr)
+        return 130
+    report(out_dir)
+    return 0
+
+
+# ---------------------------------------------------------------- report
+
+def _metrics(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def _final_eval(folder: Path) -> dict | None:
+    evals = [r for r in _metrics(folder) if r.get("kind") == "eval"]
+    return evals[-1] if evals else None
+
+
+def collect(out_dir: Path) -> tuple[dict, list[dict]]:
+    """The sweep's description and one row per run folder."""
+    path = Path(out_dir) / "sweep.json"
+    if not path.exists():
+        raise UserError(f"{path} does not exist; is {out_dir} a sweep folder?")
+    sweep = json.loads(path.read_text())
+    rows = []
+    for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
+        metrics = _metrics(r.folder)
+        evals = [m for m in metrics if m.get("kind") == "eval"]
+        result_path = r.folder / "result.json"
+        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        final = evals[-1] if evals else {}
+        speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
+        val = final.get("val_loss", math.nan)
+        row = {**{k: _text(v) for k, v in r.setting.items()}, "seed": r.seed,
+               "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val,
+               "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
+               "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
+               "wall_s": result.get("wall_s", math.nan),
+               "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
+               "status": result.get("status", "not run"),
+               "_setting": setting_label(r.setting), "_evals": evals}
+        rows.append(row)
+    return sweep, rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per setting: final val loss mean and std over seeds, and whether it differs from
+    the first setting (the baseline) by more than two standard errors of the difference."""
+    settings = {}
+    for row in rows:
+        settings.setdefault(row["_setting"], []).append(row)
+    out = []
+    for label, group in settings.items():
+        vals = [r["final_val_loss"] for r in group if r["status"] != "not run"]
+        finite = [v for v in vals if math.isfinite(v)]
+        out.append({"setting": label, "runs": len(vals), "diverged": sum(r["diverged"] for r in group),
+                    "mean": statistics.fmean(finite) if finite else math.nan,
+                    "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
+                    "n": len(finite)})
+    base = out[0] if out else None
+    for s in out:
+        if s is base:
+            s["vs_baseline"] = "baseline"
+        elif s["n"] < 2 or base["n"] < 2:
+            s["vs_baseline"] = "needs 2+ seeds" if s["n"] else "no result"
+        else:
+            noise = 2 * math.sqrt(s["std"] ** 2 / s["n"] + base["std"] ** 2 / base["n"])
+            diff = s["mean"] - base["mean"]
+            s["vs_baseline"] = (f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}"
+                                if abs(diff) > noise else f"within noise ({diff:+.3f})")
+    return out
+
+
+def summary_table(summary: list[dict]) -> str:
+    lines = ["| setting | runs | final val loss (mean ± std) | diverged | vs baseline |",
+             "|---|---|---|---|---|"]
+    for s in summary:
+        std = f" ± {s['std']:.3f}" if math.isfinite(s["std"]) else ""
+        mean = f"{s['mean']:.3f}{std}" if math.isfinite(s["mean"]) else "—"
+        lines.append(f"| {s['setting']} | {s['runs']} | {mean} | {s['diverged']} | {s['vs_baseline']} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    settings = {}
+    for row in rows:
+        settings.setdefault(row["_setting"], []).append(row["_evals"])
+    for label, runs in settings.items():
+        by_iter = {}
+        for evals in runs:
+            for e in evals:
+                by_iter.setdefault(e["iter"], []).append(e["val_loss"])
+        if not by_iter:
+            continue
+        iters = sorted(by_iter)
+        mean = [statistics.fmean(by_iter[i]) for i in iters]
+        line, = ax.plot(iters, mean, label=label)
+        if max(len(by_iter[i]) for i in iters) > 1:
+            ax.fill_between(iters, [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters],
+                            color=line.get_color(), alpha=0.2)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("val loss")
+    ax.set_title("val loss: mean over seeds, band = min..max")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(out_dir: Path) -> str:
+    """Write sweep.csv, summary.md and curves.png into out_dir; print and return the table."""
+    out_dir = Path(out_dir)
+    sweep, rows = collect(out_dir)
+    columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
+               "tokens_per_sec", "wall_s", "diverged", "status"]
+    with open(out_dir / "sweep.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    table = summary_table(summarize(rows))
+    (out_dir / "summary.md").write_text(
+        f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
+        "Baseline: the first setting. 'worse/better' means the difference of the means exceeds two "
+        "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n")
+    plot(rows, out_dir / "curves.png")
+    print(table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "report":
+        print("usage: python -m gpt.sweep report DIR", file=sys.stderr)
+        return 2
+    try:
+        report(Path(argv[1]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

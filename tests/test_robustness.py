@@ -121,7 +121,7 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_p
         return logits, loss
     monkeypatch.setattr(GPT, "forward", poisoned)
     out = tmp_path / "run"
-    assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10")) == 2
+    assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10")) == 3
     err = capsys.readouterr().err
     assert "loss became nan" in err and "at iteration 14" in err and "(iteration 10)" in err
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 10

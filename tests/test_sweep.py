@@ -1,0 +1,84 @@
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import train
+from conftest import tiny_args
+from gpt import sweep
+from gpt.config import UserError
+
+
+def test_grid_expansion_and_run_names(tmp_path):
+    runs = sweep.expand({"residual": [True, False], "norm_placement": ["pre", "post"]}, 2, 10, tmp_path)
+    assert [r.folder.name for r in runs] == [
+        "residual=true__norm_placement=pre__seed=10", "residual=true__norm_placement=pre__seed=11",
+        "residual=true__norm_placement=post__seed=10", "residual=true__norm_placement=post__seed=11",
+        "residual=false__norm_placement=pre__seed=10", "residual=false__norm_placement=pre__seed=11",
+        "residual=false__norm_placement=post__seed=10", "residual=false__norm_placement=post__seed=11",
+    ]
+    assert runs[5].setting == {"residual": False, "norm_placement": "pre"} and runs[5].seed == 11
+    assert [r.folder.name for r in sweep.expand({}, 3, 0, tmp_path)] == ["base__seed=0", "base__seed=1",
+                                                                         "base__seed=2"]
+
+
+def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--sweep", "n_head=2,3")) == 2
+    assert "n_embd=16 is not divisible by n_head=3" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3",
+                     "--sweep", "residual=true,false", "--jobs=2")
+    assert train.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| residual=true | 1 |" in printed and "| residual=false | 1 |" in printed
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert [(r["residual"], r["seed"], r["status"]) for r in rows] == [("true", "1337", "finished"),
+                                                                      ("false", "1337", "finished")]
+    for r in rows:
+        assert math.isfinite(float(r["final_val_loss"])) and float(r["tokens_per_sec"]) > 0
+        assert float(r["best_val_loss"]) <= float(r["final_val_loss"])
+        assert r["diverged"] == "False"
+    summary = (out / "summary.md").read_text()
+    assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary
+    assert (out / "curves.png").stat().st_size > 10_000
+    stamp = (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns
+    assert train.main(argv) == 0                             # again: both runs are skipped
+    assert "2 runs (2 already finished)" in capsys.readouterr().out
+    assert (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    assert sweep.main(["report", str(out)]) == 0
+
+
+def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps
+    argv = tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10", "--warmup_iters=0",
+                     "--grad_clip=0", "--sweep", "learning_rate=1e-3,1e9", "--min_lr=0")
+    assert train.main(argv) == 0
+    rows = {r["learning_rate"]: r for r in csv.DictReader(open(out / "sweep.csv"))}
+    assert rows["1000000000.0"]["diverged"] == "True" and rows["1000000000.0"]["status"] == "diverged"
+    assert rows["0.001"]["diverged"] == "False"
+    assert "| learning_rate=1000000000.0 | 1 | " in (out / "summary.md").read_text()
+
+
+def test_summary_flags_differences_beyond_seed_noise():
+    def rows(label, vals):
+        return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False}
+                for v in vals]
+    summary = sweep.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29])
+                              + rows("c", [2.00, 2.03, 1.98]))
+    assert summary[0]["vs_baseline"] == "baseline"
+    assert summary[1]["vs_baseline"] == "worse by 0.300"
+    assert summary[2]["vs_baseline"].startswith("within noise")
+    assert summary[1]["mean"] == pytest.approx(2.30) and summary[1]["std"] == pytest.approx(0.01)
+
+
+def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
+    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert "sweep.json does not exist" in capsys.readouterr().err
