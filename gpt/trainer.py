@@ -28,8 +28,6 @@ from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
 from .model import GPT
 
-EVAL_SEED = 1234   # every evaluation, in every run, scores the same batches
-
 
 class Diverged(UserError):
     """The loss or the gradient became nan or inf."""
@@ -311,12 +309,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         raw_model.eval()
         out = {}
         for split in ("train", "val"):
-            gen = torch.Generator().manual_seed(EVAL_SEED)
+            xs, ys = batches.evenly_spaced(split, cfg.eval_iters)
             losses = []
-            for _ in range(cfg.eval_iters):
-                x, y = batches.draw(split, 1, gen)
+            for x, y in zip(xs, ys):
                 with autocast:
-                    losses.append(raw_model(x[0], y[0])[1].item())
+                    losses.append(raw_model(x, y)[1].item())
             out[f"{split}_loss"] = float(np.mean(losses))
         raw_model.train()
         return out
@@ -335,8 +332,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
                        "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0}
                 if cfg.diagnostics:
-                    gen = torch.Generator().manual_seed(EVAL_SEED)
-                    x, y = batches.draw("val", 1, gen)
+                    x, y = batches.evenly_spaced("val", 1)
                     row.update(measure_diagnostics(raw_model, x[0], y[0]))
                 last_eval = it
                 if master:
