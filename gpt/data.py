@@ -157,13 +157,12 @@ class Batches:
         self.block_size, self.batch_size, self.device = block_size, batch_size, device
         self.data = {}
         for split in ("train", "val"):
-            ids = np.fromfile(folder / f"{split}.bin", dtype=np.uint16)
+            ids = np.memmap(folder / f"{split}.bin", dtype=np.uint16, mode="r")
             if len(ids) <= block_size + 1:
                 raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
                                 f"block_size={block_size}; lower block_size or use more text")
-            # int64 once here, so drawing a batch is one gather with no per-step conversion
-            tokens = torch.from_numpy(ids.astype(np.int64))
-            self.data[split] = tokens.unfold(0, block_size + 1, 1)        # (N - T, T + 1) view
+            # a view, not a copy: datasets larger than memory work, and a batch is one gather
+            self.data[split] = np.lib.stride_tricks.sliding_window_view(ids, block_size + 1)
         self.generator = torch.Generator().manual_seed(seed)
         self.pin = torch.device(device).type == "cuda"
 
@@ -172,7 +171,7 @@ class Batches:
         windows = self.data[split]
         ix = torch.randint(len(windows), (n_batches * self.batch_size,),
                            generator=generator or self.generator)
-        batch = windows[ix].view(n_batches, self.batch_size, self.block_size + 1)
+        batch = self._gather(windows, ix.numpy(), n_batches)
         if self.pin:
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         elif batch.device != torch.device(self.device):
@@ -184,9 +183,13 @@ class Batches:
         each for x and y. Every evaluation of every run scores the same windows, and they cover
         the whole split, so the estimate has less variance than random windows."""
         windows = self.data[split]
-        ix = torch.linspace(0, len(windows) - 1, n_batches * self.batch_size).long()
-        batch = windows[ix].view(n_batches, self.batch_size, self.block_size + 1).to(self.device)
+        ix = np.linspace(0, len(windows) - 1, n_batches * self.batch_size).astype(np.int64)
+        batch = self._gather(windows, ix, n_batches).to(self.device)
         return batch[..., :-1], batch[..., 1:]
+
+    def _gather(self, windows: np.ndarray, ix: np.ndarray, n_batches: int) -> torch.Tensor:
+        rows = torch.from_numpy(windows[ix].astype(np.int64))               # (n * B, T + 1)
+        return rows.view(n_batches, self.batch_size, self.block_size + 1)
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()

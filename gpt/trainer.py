@@ -320,7 +320,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
 
     summary = {"diverged": False, "stopped_by": None}
     tick, tokens_since, skipped = time.perf_counter(), 0, 0
-    t_start = time.perf_counter()
+    t_start = step_end = time.perf_counter()
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None,
                dynamic_ncols=True, desc=out_dir.name)
     with StopRequest() as stop, contextlib.closing(bar):
@@ -345,6 +345,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     save("ckpt.pt", it)
                 summary.update(row)
                 tick, tokens_since = time.perf_counter(), 0
+                step_end = tick             # step times leave evaluation out
             if it >= cfg.max_iters:
                 break
 
@@ -381,9 +382,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                                    "--learning_rate, or pass --skip_nonfinite=true to skip such steps")
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
+            # a step's time runs from the previous step's end: logging and the bar count too
+            step_ms, step_end = 1000 * (time.perf_counter() - step_end), time.perf_counter()
             if master and it % cfg.log_interval == 0:
                 metrics.log({"kind": "train", "iter": it, "loss": loss_value, "lr": lr,
-                             "grad_norm": grad_norm})
+                             "grad_norm": grad_norm, "ms": step_ms})
             bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.1e}", refresh=False)
             bar.update(1)
             it += 1

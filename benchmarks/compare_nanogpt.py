@@ -1,0 +1,158 @@
+"""Measure this project beside nanoGPT on the same machine, in the same run.
+
+    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--json FILE]
+
+PATH is a checkout of github.com/karpathy/nanoGPT (the figures in README.md used commit 3adf61e).
+Nothing of it is imported into the project: its train.py runs as a separate process, and its
+model.py is loaded from PATH only to time its generate(). The two programs alternate, and medians
+and ratios are reported, since timings on a small shared CPU drift by 10% or more.
+
+1. training throughput: nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
+   batch 12, fp32, no bias), median time per iteration after the first 10, evaluation excluded;
+2. time to quality: whole processes, start-up and evaluations included: nanoGPT's 2000-iteration
+   recipe against configs/shakespeare_char_fast.toml, with the final val loss of each;
+3. sampling: generate() on the shakespeare_char shape (6 layers, 6 heads, 384 wide, block 256)
+   from a one-token prompt up to the block size, and 64 tokens past it, same weights in both;
+4. peak memory (max RSS) of the training processes of 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ["--device=cpu", "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
+          "--n_layer=4", "--n_head=4", "--n_embd=128", "--lr_decay_iters=2000", "--dropout=0.0"]
+SKIP = 10   # iterations left out of the median: start-up effects
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[str, float, float]:
+    """Run cmd; return its output, wall seconds and peak RSS in MB."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{out[-3000:]}")
+    return out, wall, usage.ru_maxrss / 1024
+
+
+def nanogpt_train(path: Path, iters: int, extra=()) -> tuple[list[float], float, float, str]:
+    args = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--compile=False",
+            f"--max_iters={iters}", *RECIPE, *extra]
+    out, wall, rss = timed(args, path)
+    ms = [float(t) for i, t in re.findall(r"iter (\d+): loss [\d.]+, time ([\d.]+)ms", out)
+          if int(i) >= SKIP]
+    return ms, wall, rss, out
+
+
+def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float, list[dict]]:
+    _, wall, rss = timed([sys.executable, "train.py", f"--out_dir={out_dir}", *args], ROOT)
+    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
+    return ms, wall, rss, rows
+
+
+def throughput(path: Path, rounds: int, iters: int) -> dict:
+    ours_args = ["--config", "shakespeare_char", *RECIPE, "--bias=false", f"--max_iters={iters}",
+                 f"--eval_interval={iters}", "--threads=0"]
+    theirs, mine, rss_theirs, rss_mine = [], [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            ms, _, rss, _ = nanogpt_train(path, iters, ["--eval_interval=100000"])
+            theirs.append(statistics.median(ms))
+            rss_theirs.append(rss)
+            ms, _, rss, _ = our_train(Path(tmp) / f"t{r}", ours_args)
+            mine.append(statistics.median(ms))
+            rss_mine.append(rss)
+    tokens = 12 * 64
+    return {"nanogpt_ms_per_iter": statistics.median(theirs), "ours_ms_per_iter": statistics.median(mine),
+            "nanogpt_tokens_per_sec": tokens / statistics.median(theirs) * 1000,
+            "ours_tokens_per_sec": tokens / statistics.median(mine) * 1000,
+            "throughput_ratio": statistics.median(theirs) / statistics.median(mine),
+            "rounds_ms": {"nanogpt": theirs, "ours": mine},
+            "nanogpt_peak_rss_mb": max(rss_theirs), "ours_peak_rss_mb": max(rss_mine)}
+
+
+def time_to_quality(path: Path) -> dict:
+    _, wall_theirs, _, out = nanogpt_train(path, 2000)
+    val_theirs = float(re.findall(r"step 2000: train loss [\d.]+, val loss ([\d.]+)", out)[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        _, wall_mine, _, rows = our_train(Path(tmp) / "fast", ["--config", "shakespeare_char_fast"])
+    val_mine = [r for r in rows if r["kind"] == "eval"][-1]["val_loss"]
+    return {"nanogpt_2000_iter_wall_s": wall_theirs, "nanogpt_val_loss": val_theirs,
+            "ours_fast_wall_s": wall_mine, "ours_fast_val_loss": val_mine,
+            "wall_ratio": wall_mine / wall_theirs}
+
+
+def sampling(path: Path, rounds: int) -> dict:
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from gpt import GPT, GPTConfig
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
+    theirs_mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theirs_mod)
+    shape = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(**shape)).eval()
+    theirs = theirs_mod.GPT(theirs_mod.GPTConfig(**shape)).eval()
+    missing = theirs.load_state_dict(ours.state_dict(), strict=False)
+    assert not missing.unexpected_keys, missing
+    results = {}
+    for label, prompt_len, new in (("to_block", 1, 255), ("past_block", 256, 64)):
+        t_theirs, t_mine = [], []
+        idx = torch.zeros((1, prompt_len), dtype=torch.long)
+        for _ in range(rounds):
+            torch.manual_seed(1)
+            t = time.perf_counter()
+            a = theirs.generate(idx, new, temperature=1.0, top_k=1)
+            t_theirs.append(new / (time.perf_counter() - t))
+            t = time.perf_counter()
+            b = ours.generate(idx, new, temperature=0)
+            t_mine.append(new / (time.perf_counter() - t))
+        results[label] = {"nanogpt_tokens_per_sec": statistics.median(t_theirs),
+                          "ours_tokens_per_sec": statistics.median(t_mine),
+                          "ratio": statistics.median(t_mine) / statistics.median(t_theirs),
+                          "same_tokens": bool(torch.equal(a, b))}
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nanogpt", required=True, type=Path, help="a nanoGPT checkout")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=300, help="iterations per throughput run")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
+                                                   "throughput,quality,sampling")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    data = args.nanogpt / "data" / "shakespeare_char"
+    if not (data / "train.bin").exists():
+        sys.exit(f"prepare nanoGPT's data first: python {data / 'prepare.py'}")
+    skip = set(filter(None, args.skip.split(",")))
+    result = {}
+    if "throughput" not in skip:
+        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters)
+    if "quality" not in skip:
+        result["quality"] = time_to_quality(args.nanogpt)
+    if "sampling" not in skip:
+        result["sampling"] = sampling(args.nanogpt, args.rounds)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

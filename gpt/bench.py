@@ -1,0 +1,161 @@
+"""Benchmark a config: training speed, model FLOPs utilisation, peak memory, sampling speed.
+
+    python -m gpt.bench --config shakespeare_char_cpu [--name=value ...] [--bench_iters=50] [--json]
+
+Training is timed through the real training loop (gpt.trainer.train) in a scratch folder: the
+median time of the steps after the first `bench_warmup`, evaluation excluded. MFU compares the
+model's FLOPs per second with a peak: on CPU the best float32 (or bfloat16) matmul rate measured
+here and now, on CUDA the GPU's datasheet dense bf16 rate when it is known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
+from .model import GPT
+from .trainer import autocast_dtype, resolve_device, train
+
+GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
+                 "4090": 165e12, "3090": 71e12}
+
+
+@dataclass
+class BenchConfig:
+    bench_iters: int = opt(50, "timed training steps")
+    bench_warmup: int = opt(10, "untimed steps before them")
+    sample_tokens: int = opt(0, "tokens to generate when timing sampling; 0 means block_size - 1")
+    json: bool = opt(False, "print JSON instead of a table")
+
+
+def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
+    """Training FLOPs per token: 6 per weight (forward and backward) plus attention's
+    12 * n_layer * block_size * n_embd (the PaLM appendix estimate)."""
+    return 6 * n_params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
+    if torch.device(device).type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in GPU_PEAK_BF16.items():
+            if key in name:
+                return (value if dtype == torch.bfloat16 else value / 2), f"{name} datasheet"
+        return float("nan"), f"{name}: peak unknown"
+    n = 1024
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    best = float("inf")
+    for _ in range(10):
+        t = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        best = min(best, (time.perf_counter() - t) / 5)
+    return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul"
+
+
+def peak_memory_mb(device: str) -> float:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # KiB on Linux
+
+
+def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
+    steps = bench.bench_warmup + bench.bench_iters
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dataclasses.replace(train_cfg, out_dir=tmp, max_iters=steps, eval_interval=steps,
+                                  eval_iters=1, log_interval=1, diagnostics=False, resume=False,
+                                  wandb=False)
+        with contextlib.redirect_stdout(sys.stderr):     # keep stdout for the result
+            train(model_cfg, cfg)
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= bench.bench_warmup]
+    median = statistics.median(ms)
+    tokens = train_cfg.batch_size * train_cfg.gradient_accumulation_steps * model_cfg.block_size
+    return {"ms_per_iter": median, "tokens_per_sec": tokens / median * 1000}
+
+
+@torch.no_grad()
+def time_sampling(model: GPT, new_tokens: int, prompt_len: int, use_cache: bool, device: str) -> float:
+    idx = torch.zeros((1, prompt_len), dtype=torch.long, device=device)
+    model.generate(idx, 4, temperature=0, use_cache=use_cache)             # warm-up
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    return new_tokens / (time.perf_counter() - t)
+
+
+def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
+    device = resolve_device(train_cfg.device)
+    dtype = autocast_dtype(train_cfg, torch.device(device).type)
+    result = time_training(model_cfg, train_cfg, bench)
+    meta = json.loads((Path(train_cfg.data_dir) / train_cfg.dataset / "meta.json").read_text())
+    model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
+    model = GPT(model_cfg).to(device).eval()
+    n_params = model.num_params(non_embedding=True)
+    peak, peak_source = peak_flops(device, dtype)
+    achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
+    new = bench.sample_tokens or model_cfg.block_size - 1
+    result.update(
+        device=device, dtype=str(dtype).removeprefix("torch."), params=n_params,
+        achieved_tflops=achieved / 1e12, peak_tflops=peak / 1e12, peak_source=peak_source,
+        mfu=achieved / peak, peak_memory_mb=peak_memory_mb(device),
+        sample_new_tokens=new,
+        sample_tokens_per_sec_cache=time_sampling(model, new, 1, True, device),
+        sample_tokens_per_sec_no_cache=time_sampling(model, new, 1, False, device),
+        past_block_tokens_per_sec_cache=time_sampling(model, 64, model_cfg.block_size, True, device),
+        past_block_tokens_per_sec_no_cache=time_sampling(model, 64, model_cfg.block_size, False, device),
+    )
+    return result
+
+
+def format_table(r: dict) -> str:
+    rows = [
+        ("device / dtype", f"{r['device']} / {r['dtype']}"),
+        ("parameters (non-embedding)", f"{r['params']:,}"),
+        ("training ms/iter (median)", f"{r['ms_per_iter']:.1f}"),
+        ("training tokens/s", f"{r['tokens_per_sec']:,.0f}"),
+        ("model TFLOP/s achieved", f"{r['achieved_tflops']:.3f}"),
+        (f"peak TFLOP/s ({r['peak_source']})", f"{r['peak_tflops']:.3f}"),
+        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        ("peak memory MB", f"{r['peak_memory_mb']:.0f}"),
+        (f"sampling tokens/s, {r['sample_new_tokens']} new, KV cache", f"{r['sample_tokens_per_sec_cache']:,.0f}"),
+        (f"sampling tokens/s, {r['sample_new_tokens']} new, no cache", f"{r['sample_tokens_per_sec_no_cache']:,.0f}"),
+        ("sampling past block_size, KV cache", f"{r['past_block_tokens_per_sec_cache']:,.0f}"),
+        ("sampling past block_size, no cache", f"{r['past_block_tokens_per_sec_no_cache']:,.0f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    sections = (GPTConfig, TrainConfig, BenchConfig)
+    if "-h" in argv or "--help" in argv:
+        print(help_text("-m gpt.bench", sections))
+        return 0
+    try:
+        args = parse_argv(argv, sections)
+        bench = build(BenchConfig, args.values)
+        result = run(build(GPTConfig, args.values), build(TrainConfig, args.values), bench)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if bench.json else format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
