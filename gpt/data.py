@@ -187,6 +187,11 @@ class Batches:
         batch = self._gather(windows, ix, n_batches).to(self.device)
         return batch[..., :-1], batch[..., 1:]
 
+    def tokens(self, split: str) -> np.ndarray:
+        """All token ids of a split, as stored."""
+        windows = self.data[split]
+        return np.concatenate([windows[:, 0], windows[-1, 1:]])
+
     def _gather(self, windows: np.ndarray, ix: np.ndarray, n_batches: int) -> torch.Tensor:
         rows = torch.from_numpy(windows[ix].astype(np.int64))               # (n * B, T + 1)
         return rows.view(n_batches, self.batch_size, self.block_size + 1)

@@ -1,8 +1,10 @@
 """Measurements that explain why a setting trains or fails.
 
 At each evaluation the trainer calls `measure` on one fixed batch, outside the training step:
-per block, the gradient norm of its parameters, the RMS of the residual stream after it, and how
-alike its output vectors at different positions are; per head, the entropy of its attention.
+per block, the gradient norm of its parameters, the size of the optimizer's next update relative
+to its weights, the RMS of the residual stream after it, and how alike its output vectors at
+different positions are; per head, the entropy of its attention. `unigram_loss` gives the loss of
+a model that knows only character frequencies: the level a model that learned nothing sits at.
 
 `python -m gpt.diagnostics grad-depth` measures how much gradient reaches the first block of
 freshly initialised models of growing depth, with residuals on and off, pre- and post-norm.
@@ -19,6 +21,14 @@ import torch
 
 from .config import GPTConfig
 from .model import GPT
+
+
+def unigram_loss(train_ids, val_ids, vocab_size: int) -> float:
+    """Cross-entropy (nats) of the val tokens under the train split's token frequencies."""
+    counts = torch.bincount(torch.as_tensor(train_ids, dtype=torch.long), minlength=vocab_size).double()
+    probs = (counts + 1) / (counts.sum() + vocab_size)          # add-one: unseen tokens stay finite
+    val = torch.as_tensor(val_ids, dtype=torch.long)
+    return -probs.log()[val].mean().item()
 
 
 def position_similarity(h: torch.Tensor) -> float:
@@ -41,7 +51,31 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
     return ent.mean(dim=(0, 2)).tolist()
 
 
-def measure(model: GPT, x: torch.Tensor, y: torch.Tensor) -> dict:
+def update_ratios(blocks, optimizer: torch.optim.AdamW) -> list[float]:
+    """Per block, ||update|| / ||weights|| of the step AdamW would take now: lr * (m_hat /
+    (sqrt(v_hat) + eps) + weight_decay * w). Around 1e-3 is the usual healthy range; much larger
+    means the weights are being rewritten each step, much smaller that the block has stalled."""
+    groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    ratios = []
+    for block in blocks:
+        update_sq, weight_sq = 0.0, 0.0
+        for p in block.parameters():
+            state, group = optimizer.state.get(p), groups[id(p)]
+            weight_sq += p.detach().float().pow(2).sum().item()
+            if not state or "exp_avg" not in state:
+                continue
+            beta1, beta2 = group["betas"]
+            step = float(state["step"])
+            m_hat = state["exp_avg"].float() / (1 - beta1 ** step)
+            v_hat = state["exp_avg_sq"].float() / (1 - beta2 ** step)
+            update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p.detach().float()
+            update_sq += (group["lr"] * update).pow(2).sum().item()
+        ratios.append(math.sqrt(update_sq / weight_sq) if weight_sq > 0 else 0.0)
+    return ratios
+
+
+def measure(model: GPT, x: torch.Tensor, y: torch.Tensor,
+            optimizer: torch.optim.AdamW | None = None) -> dict:
     """Diagnostics on one batch; leaves the model's .grad fields and RNG untouched."""
     was_training = model.training
     model.eval()                         # no dropout: the same batch always measures the same
@@ -66,12 +100,15 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor) -> dict:
         g = [gr for gr in grads[i:i + len(ps)] if gr is not None]
         grad_norms.append(torch.sqrt(sum((gr.float() ** 2).sum() for gr in g)).item())
         i += len(ps)
-    return {
+    result = {
         "block_grad_norm": grad_norms,
         "block_rms": [o.detach().float().pow(2).mean().sqrt().item() for o in outputs],
         "block_pos_sim": [position_similarity(o.detach()) for o in outputs],
         "head_entropy": entropies,
     }
+    if optimizer is not None:
+        result["block_update_ratio"] = update_ratios(blocks, optimizer)
+    return result
 
 
 def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab_size=65,

@@ -26,6 +26,7 @@ from . import checkpoint
 from .config import GPTConfig, TrainConfig, UserError, build
 from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
+from .diagnostics import unigram_loss
 from .model import GPT
 
 
@@ -256,6 +257,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed)
+    unigram = unigram_loss(batches.tokens("train"), batches.tokens("val"), meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg, device_type)
 
@@ -330,10 +332,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != last_eval:
                 elapsed = time.perf_counter() - tick
                 row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
-                       "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0}
+                       "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0,
+                       "unigram_loss": unigram}
                 if cfg.diagnostics:
                     x, y = batches.evenly_spaced("val", 1)
-                    row.update(measure_diagnostics(raw_model, x[0], y[0]))
+                    row.update(measure_diagnostics(raw_model, x[0], y[0], optimizer))
                 last_eval = it
                 if master:
                     metrics.log(row)

@@ -1,0 +1,155 @@
+"""Pictures of a trained model and of a run.
+
+    python -m gpt.inspect attention --out_dir=DIR --start="ROMEO: ..."   # DIR/attention.png
+    python -m gpt.inspect run DIR                                         # DIR/dashboard.png
+
+`attention` draws every head of every layer for a prompt, with its characters on the axes.
+`run` draws one page from metrics.jsonl: losses against the unigram level, the learning rate, and
+per block the gradient norm, update size, residual RMS, position similarity and head entropy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import UserError
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
+    import torch
+
+    from . import checkpoint
+    from .data import tokenizer_from_meta
+    from .model import GPT
+    ckpt = checkpoint.load(out_dir / "ckpt.pt")
+    model = GPT(checkpoint.model_config(ckpt))
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    tok = tokenizer_from_meta(ckpt["meta"])
+    ids = tok.encode(prompt)[-model.config.block_size:]
+    if not ids:
+        raise UserError("--start is empty; give the prompt whose attention to draw")
+    maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)
+    labels = [repr(tok.decode([i]))[1:-1] or " " for i in ids]
+    n_layer, n_head = len(maps), maps[0].size(1)
+    plt = _pyplot()
+    size = 1.2 + 0.12 * len(ids)
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
+    for layer, weights in enumerate(maps):
+        for head in range(n_head):
+            ax = axes[layer][head]
+            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            ax.set_xticks(range(len(ids)), labels, fontsize=6, rotation=90)
+            ax.set_yticks(range(len(ids)), labels, fontsize=6)
+    fig.supxlabel("attended-to character (key)")
+    fig.supylabel("attending character (query)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _per_block(ax, evals, key, title, log=False):
+    iters = [e["iter"] for e in evals if key in e]
+    if not iters:
+        ax.set_visible(False)
+        return
+    values = [e[key] for e in evals if key in e]
+    for block in range(len(values[0])):
+        ax.plot(iters, [v[block] for v in values], label=f"block {block}")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("iteration", fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)
+
+
+def run_figure(run_dir: Path, out: Path) -> Path:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    steps = [r for r in rows if r["kind"] == "train"]
+    if not evals:
+        raise UserError(f"{path} has no evaluation yet")
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    ax = axes[0][0]
+    if steps:
+        ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], alpha=0.3, label="train (step)")
+    ax.plot([e["iter"] for e in evals], [e["train_loss"] for e in evals], "o-", label="train (eval)")
+    ax.plot([e["iter"] for e in evals], [e["val_loss"] for e in evals], "o-", label="val")
+    if "unigram_loss" in evals[-1]:
+        ax.axhline(evals[-1]["unigram_loss"], color="gray", ls="--", label="unigram level")
+    ax.set_title("loss", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    ax = axes[0][1]
+    ax.plot([r["iter"] for r in steps], [r["lr"] for r in steps])
+    ax.set_title("learning rate", fontsize=9)
+    ax.grid(alpha=0.3)
+    _per_block(axes[0][2], evals, "block_grad_norm", "gradient norm per block", log=True)
+    _per_block(axes[0][3], evals, "block_update_ratio", "update / weight per block", log=True)
+    _per_block(axes[1][0], evals, "block_rms", "residual stream RMS after each block", log=True)
+    _per_block(axes[1][1], evals, "block_pos_sim", "position similarity after each block (1 = all alike)")
+    ax = axes[1][2]
+    last = evals[-1].get("head_entropy")
+    if last:
+        import numpy as np
+        image = ax.imshow(np.array(last), cmap="magma", aspect="auto")
+        ax.set_xticks(range(len(last[0])))
+        ax.set_yticks(range(len(last)))
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
+        ax.set_title(f"attention entropy (nats) at iteration {evals[-1]['iter']}", fontsize=9)
+        fig.colorbar(image, ax=ax)
+    else:
+        ax.set_visible(False)
+    axes[1][3].set_visible(False)
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpt.inspect")
+    sub = parser.add_subparsers(dest="command", required=True)
+    att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
+    att.add_argument("--out_dir", required=True, help="run folder holding ckpt.pt")
+    att.add_argument("--start", default="ROMEO: But soft, what light", help="the prompt")
+    att.add_argument("--out", help="PNG to write (default OUT_DIR/attention.png)")
+    run = sub.add_parser("run", help="one-page dashboard of a run's metrics")
+    run.add_argument("run_dir", help="run folder holding metrics.jsonl")
+    run.add_argument("--out", help="PNG to write (default RUN_DIR/dashboard.png)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "attention":
+            folder = Path(args.out_dir)
+            path = attention_figure(folder, args.start, Path(args.out or folder / "attention.png"))
+        else:
+            folder = Path(args.run_dir)
+            path = run_figure(folder, Path(args.out or folder / "dashboard.png"))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
