@@ -214,6 +214,25 @@ def summary_table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def diagnostics_table(rows: list[dict]) -> str:
+    """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
+    settings = {}
+    for row in rows:
+        if row["_evals"] and "block_grad_norm" in row["_evals"][-1]:
+            settings.setdefault(row["_setting"], []).append(row["_evals"][-1])
+    lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
+             "| position similarity last | head entropy (mean, nats) |", "|---|---|---|---|---|---|"]
+    for label, finals in settings.items():
+        def mean(key, block):
+            values = [f[key][block] for f in finals if key in f]
+            return statistics.fmean(values) if values else math.nan
+        entropy = statistics.fmean(h for f in finals for layer in f["head_entropy"] for h in layer)
+        lines.append(f"| {label} | {mean('block_grad_norm', 0):.2e} / {mean('block_grad_norm', -1):.2e} "
+                     f"| {mean('block_update_ratio', 0):.1e} / {mean('block_update_ratio', -1):.1e} "
+                     f"| {mean('block_rms', -1):.2f} | {mean('block_pos_sim', -1):.2f} | {entropy:.2f} |")
+    return "\n".join(lines) if settings else ""
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a band."""
     import matplotlib
@@ -236,6 +255,9 @@ def plot(rows: list[dict], path: Path) -> None:
         if max(len(by_iter[i]) for i in iters) > 1:
             ax.fill_between(iters, [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters],
                             color=line.get_color(), alpha=0.2)
+    unigram = [e["unigram_loss"] for row in rows for e in row["_evals"][-1:] if "unigram_loss" in e]
+    if unigram:
+        ax.axhline(unigram[0], color="gray", ls="--", label="unigram level")
     ax.set_xlabel("iteration")
     ax.set_ylabel("val loss")
     ax.set_title("val loss: mean over seeds, band = min..max")
@@ -246,8 +268,40 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+DIAGNOSTICS = (("block_grad_norm", "gradient norm", True), ("block_update_ratio", "update / weight", True),
+               ("block_rms", "residual stream RMS", True), ("block_pos_sim", "position similarity", False))
+
+
+def plot_diagnostics(rows: list[dict], path: Path) -> None:
+    """Per block, each diagnostic at the final evaluation, mean over seeds: one line per setting."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(5 * len(DIAGNOSTICS), 4.5))
+    settings = {}
+    for row in rows:
+        if row["_evals"]:
+            settings.setdefault(row["_setting"], []).append(row["_evals"][-1])
+    for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
+        for label, finals in settings.items():
+            values = [f[key] for f in finals if key in f]
+            if values:
+                mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
+                ax.plot(range(len(mean)), mean, "o-", label=label)
+        ax.set_title(f"{title} (final eval, mean over seeds)", fontsize=9)
+        ax.set_xlabel("block")
+        if log:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def report(out_dir: Path) -> str:
-    """Write sweep.csv, summary.md and curves.png into out_dir; print and return the table."""
+    """Write sweep.csv, summary.md, curves.png and diagnostics.png into out_dir; print and
+    return the summary table."""
     out_dir = Path(out_dir)
     sweep, rows = collect(out_dir)
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
@@ -260,8 +314,10 @@ def report(out_dir: Path) -> str:
     (out_dir / "summary.md").write_text(
         f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
         "Baseline: the first setting. 'worse/better' means the difference of the means exceeds two "
-        "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n")
+        "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n\n"
+        f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n")
     plot(rows, out_dir / "curves.png")
+    plot_diagnostics(rows, out_dir / "diagnostics.png")
     print(table)
     return table
 
