@@ -283,7 +283,10 @@ class GPT(nn.Module):
                            bias=True, activation=activation,
                            tie_weights=hf.get("tie_word_embeddings", True))
         if (folder / "model.safetensors").exists():
-            from safetensors.torch import load_file
+            try:
+                from safetensors.torch import load_file
+            except ImportError:
+                raise UserError("reading model.safetensors needs: pip install safetensors") from None
             weights = load_file(folder / "model.safetensors")
         else:
             weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
