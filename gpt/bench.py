@@ -25,7 +25,8 @@ import torch
 
 from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
 from .model import GPT
-from .trainer import autocast_dtype, resolve_device, train
+from .data import load_meta
+from .trainer import autocast_dtype, read_jsonl, resolve_device, train
 
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
                  "4090": 165e12, "3090": 71e12}
@@ -37,6 +38,10 @@ class BenchConfig:
     bench_warmup: int = opt(10, "untimed steps before them")
     sample_tokens: int = opt(0, "tokens to generate when timing sampling; 0 means block_size - 1")
     json: bool = opt(False, "print JSON instead of a table")
+
+    def __post_init__(self):
+        if self.bench_iters <= 0 or self.bench_warmup < 0 or self.sample_tokens < 0:
+            raise UserError("bench_iters must be positive, bench_warmup and sample_tokens not negative")
 
 
 def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
@@ -77,7 +82,7 @@ def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
                                   wandb=False)
         with contextlib.redirect_stdout(sys.stderr):     # keep stdout for the result
             train(model_cfg, cfg)
-        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        rows = read_jsonl(Path(tmp) / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= bench.bench_warmup]
     median = statistics.median(ms)
     tokens = train_cfg.batch_size * train_cfg.gradient_accumulation_steps * model_cfg.block_size
@@ -101,7 +106,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     device = resolve_device(train_cfg.device)
     dtype = autocast_dtype(train_cfg, torch.device(device).type)
     result = time_training(model_cfg, train_cfg, bench)
-    meta = json.loads((Path(train_cfg.data_dir) / train_cfg.dataset / "meta.json").read_text())
+    meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     model = GPT(model_cfg).to(device).eval()
     n_params = model.num_params(non_embedding=True)

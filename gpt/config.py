@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
@@ -132,6 +133,8 @@ class TrainConfig:
                      "threads"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
+        if not 0 <= self.seed < 2 ** 32:
+            raise UserError(f"seed={self.seed} must be in [0, 2**32)")
         if self.min_lr > self.learning_rate:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
         for name in ("beta1", "beta2"):
@@ -163,8 +166,8 @@ class SampleConfig:
 
     def __post_init__(self):
         _positive(self, "num_samples", "max_new_tokens")
-        if self.temperature < 0:
-            raise UserError(f"temperature={self.temperature} must not be negative")
+        if self.temperature != 0 and not 1e-3 <= self.temperature:
+            raise UserError(f"temperature={self.temperature} must be 0 (greedy) or at least 0.001")
         if self.top_k < 0:
             raise UserError(f"top_k={self.top_k} must not be negative")
         if not 0.0 < self.top_p <= 1.0:
@@ -211,7 +214,9 @@ def convert(name: str, value, fields: dict = FIELDS):
             pass
     elif kind is float and not isinstance(value, bool):
         try:
-            return float(value)
+            number = float(value)
+            if math.isfinite(number):
+                return number
         except (TypeError, ValueError):
             pass
     elif kind is str:
@@ -249,6 +254,8 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: {e}") from None
     axes = data.pop("sweep", {})
+    if not isinstance(axes, dict):
+        raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
     values = {}
     for key, value in data.items():
         values[key] = convert(key, value)
@@ -293,6 +300,10 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             axis, eq, values = value.partition("=")
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
+            if axis not in fields:
+                close = difflib.get_close_matches(axis, list(fields), n=1)
+                hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
+                raise UserError(f"--sweep {axis}: not a config field{hint}")
             sweep[axis] = [convert(axis, v, fields) for v in values.split(",")]
         else:
             raw[name] = convert(name, value, fields)

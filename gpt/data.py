@@ -140,10 +140,18 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
 
 
 def load_meta(folder: Path) -> dict:
+    path = folder / "meta.json"
     try:
-        return json.loads((folder / "meta.json").read_text())
+        meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {folder / 'meta.json'}: {e}") from None
+        raise UserError(f"cannot read {path}: {e}") from None
+    size = meta.get("vocab_size") if isinstance(meta, dict) else None
+    kind = meta.get("tokenizer") if isinstance(meta, dict) else None
+    if not (isinstance(size, int) and size > 0) or kind not in ("char", "tiktoken") or \
+            (kind == "char" and not (isinstance(meta.get("chars"), list) and len(meta["chars"]) == size)):
+        raise UserError(f"{path} is not a valid dataset description (needs tokenizer, vocab_size and, "
+                        "for 'char', chars); prepare the dataset again")
+    return meta
 
 
 # ---------------------------------------------------------------- batches
@@ -157,7 +165,11 @@ class Batches:
         self.block_size, self.batch_size, self.device = block_size, batch_size, device
         self.data = {}
         for split in ("train", "val"):
-            ids = np.memmap(folder / f"{split}.bin", dtype=np.uint16, mode="r")
+            path = folder / f"{split}.bin"
+            size = path.stat().st_size
+            if size % 2:
+                raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
+            ids = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
             if len(ids) <= block_size + 1:
                 raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
                                 f"block_size={block_size}; lower block_size or use more text")
@@ -166,11 +178,10 @@ class Batches:
         self.generator = torch.Generator().manual_seed(seed)
         self.pin = torch.device(device).type == "cuda"
 
-    def draw(self, split: str, n_batches: int, generator: torch.Generator | None = None):
+    def draw(self, split: str, n_batches: int):
         """n_batches micro-batches as (x, y) with shapes (n_batches, B, T)."""
         windows = self.data[split]
-        ix = torch.randint(len(windows), (n_batches * self.batch_size,),
-                           generator=generator or self.generator)
+        ix = torch.randint(len(windows), (n_batches * self.batch_size,), generator=self.generator)
         batch = self._gather(windows, ix.numpy(), n_batches)
         if self.pin:
             batch = batch.pin_memory().to(self.device, non_blocking=True)

@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from .config import GPTConfig
+from .config import GPTConfig, UserError
 from .model import GPT
 
 
@@ -148,7 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         depths = [int(d) for d in args.depths.split(",")]
     except ValueError:
         parser.error(f"--depths {args.depths!r} should be integers separated by commas")
-    rows = grad_depth(depths, n_embd=args.n_embd, seed=args.seed)
+    if min(depths) < 1:
+        parser.error("--depths must be positive")
+    try:
+        rows = grad_depth(depths, n_embd=args.n_embd, seed=args.seed)
+    except UserError as e:
+        parser.error(str(e))
     if args.json:
         print(json.dumps(rows))
         return 0

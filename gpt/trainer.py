@@ -86,25 +86,41 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.opti
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 
-def rng_state() -> dict:
+def rng_state(device: str) -> dict:
+    """Every random stream, as tensors and lists (loadable with weights_only). All processes of a
+    DDP run are seeded alike and draw alike, so rank 0's state stands for every rank's."""
     np_state = np.random.get_state()
+    cuda = torch.device(device).type == "cuda"
     return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
             "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+            "cuda": torch.cuda.get_rng_state(device) if cuda else None}
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: str) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate((3, tuple(state["python"]), None))
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"]))
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a line cut short by a kill is skipped."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "kind" in row and "iter" in row:
+            rows.append(row)
+    return rows
 
 
 class Metrics:
@@ -117,16 +133,9 @@ class Metrics:
         """Drop lines a killed run wrote after its checkpoint, so a resume does not repeat them."""
         if not self.path.exists():
             return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue                          # a line cut short by a kill
-            limit = last_iter if row.get("kind") == "eval" else last_iter - 1
-            if row.get("iter", 0) <= limit:
-                keep.append(line)
-        self.path.write_text("".join(k + "\n" for k in keep))
+        keep = [row for row in read_jsonl(self.path)
+                if row["iter"] <= (last_iter - 1 if row["kind"] == "train" else last_iter)]
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
 
     def log(self, row: dict) -> None:
         with open(self.path, "a") as f:
@@ -264,12 +273,12 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     start_iter, best_val, last_eval = 0, float("inf"), -1
     metrics_path = out_dir / "metrics.jsonl"
     if cfg.resume:
-        ckpt = checkpoint.load(out_dir / "ckpt.pt", map_location=device)
+        ckpt = checkpoint.load(out_dir / "ckpt.pt")      # on the CPU: RNG states must stay there
         _check_resume(ckpt, model_cfg, meta)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
-        set_rng_state(ckpt["rng"])
+        set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         if start_iter >= cfg.max_iters:
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
@@ -303,7 +312,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
             "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
             "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
-            "rng": rng_state(), "batch_rng": batches.state(),
+            "rng": rng_state(device), "batch_rng": batches.state(),
         }, out_dir / name)
 
     @torch.no_grad()
@@ -320,7 +329,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         raw_model.train()
         return out
 
-    summary = {"diverged": False, "stopped_by": None}
+    summary = {"stopped_by": None}
     tick, tokens_since, skipped = time.perf_counter(), 0, 0
     t_start = step_end = time.perf_counter()
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None,
@@ -359,14 +368,18 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             xs, ys = xs[mine], ys[mine]                       # (local_steps, B, T)
             loss_sum = torch.zeros((), device=device)
             for micro in range(local_steps):
-                if world > 1:   # average gradients over processes on the last micro-step only
+                if world > 1:   # one gradient all-reduce per step, not one per micro-step
                     model.require_backward_grad_sync = micro == local_steps - 1
                 with autocast:
                     _, loss = model(xs[micro], ys[micro])
                 (loss / local_steps).backward()
                 loss_sum += loss.detach()
-            if world > 1:
-                torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
+            if world > 1:   # the stop flag rides along, so every rank stops after the same step
+                flags = torch.stack([loss_sum, torch.tensor(float(stop.signal is not None), device=device)])
+                torch.distributed.all_reduce(flags)
+                loss_sum, stop_any = flags[0] / world, flags[1].item() > 0
+                if stop_any and stop.signal is None:
+                    stop.signal = "a signal to another process"
             loss_value = loss_sum.item() / local_steps
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 raw_model.parameters(), cfg.grad_clip or float("inf")).item()
@@ -378,7 +391,6 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
                                  "loss": str(loss_value), "grad_norm": str(grad_norm)})
                 if not cfg.skip_nonfinite:
-                    summary["diverged"] = True
                     raise Diverged(f"loss became {loss_value} (gradient norm {grad_norm}) at "
                                    f"iteration {it}; stopped, and {out_dir / 'ckpt.pt'} keeps the "
                                    f"last good state (iteration {last_eval}). Lower "

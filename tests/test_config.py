@@ -50,6 +50,9 @@ def test_every_shipped_config_loads(name):
     (["--config", "nope"], r"no config named 'nope'; available: .*shakespeare_char"),
     (["n_layer=4"], r"unexpected argument 'n_layer=4'"),
     (["--sweep", "n_layer"], r"should look like --sweep name=v1,v2"),
+    (["--sweep", "n_layr=1,2"], r"--sweep n_layr: not a config field; did you mean n_layer\?"),
+    (["--learning_rate=nan"], r"learning_rate='nan' is not a valid float"),
+    (["--grad_clip=inf"], r"grad_clip='inf' is not a valid float"),
     (["--n_layer"], r"--n_layer needs a value"),
 ])
 def test_bad_command_lines_name_the_problem(argv, message):
@@ -66,7 +69,9 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (GPTConfig, {"n_embd": 100, "n_head": 3}, r"n_embd=100 is not divisible by n_head=3"),
     (GPTConfig, {"dropout": 1.5}, r"dropout=1.5"),
     (SampleConfig, {"top_p": 0.0}, r"top_p=0.0 must be in \(0, 1\]"),
-    (SampleConfig, {"temperature": -1.0}, r"temperature=-1.0 must not be negative"),
+    (SampleConfig, {"temperature": -1.0}, r"temperature=-1.0 must be 0 \(greedy\) or at least 0.001"),
+    (SampleConfig, {"temperature": 1e-39}, r"temperature=1e-39 must be 0 \(greedy\) or at least"),
+    (TrainConfig, {"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32\)"),
 ])
 def test_bad_values_fail_where_they_enter(cls, values, message):
     with pytest.raises(UserError, match=message):
