@@ -54,13 +54,13 @@ def sample(cfg: SampleConfig):
         idx = torch.tensor([ids], dtype=torch.long, device=device)
         stream = model.generate_stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k or None,
                                        cfg.top_p, cfg.use_cache, generator)
-        new, shown = [], ""
+        pending = []
         for token in stream:
-            new.append(token.item())
-            text = tok.decode(new)
+            pending.append(token.item())
+            text = tok.decode(pending)
             if not text.endswith("\ufffd"):   # a BPE token may end inside a character
-                yield text[len(shown):]
-                shown = text
+                yield text
+                pending = []
         yield "\n" + ("-" * 40 + "\n" if i < cfg.num_samples - 1 else "")
 
 

@@ -11,14 +11,14 @@ per block the gradient norm, update size, residual RMS, position similarity and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from .config import UserError
+from .trainer import read_jsonl
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -42,7 +42,7 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)
     labels = [repr(tok.decode([i]))[1:-1] or " " for i in ids]
     n_layer, n_head = len(maps), maps[0].size(1)
-    plt = _pyplot()
+    plt = pyplot()
     size = 1.2 + 0.12 * len(ids)
     fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
     for layer, weights in enumerate(maps):
@@ -80,12 +80,12 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path)
     evals = [r for r in rows if r["kind"] == "eval"]
     steps = [r for r in rows if r["kind"] == "train"]
     if not evals:
         raise UserError(f"{path} has no evaluation yet")
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))
     ax = axes[0][0]
     if steps:

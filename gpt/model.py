@@ -100,15 +100,17 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T_k, hs)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         dropout = self.dropout if self.training else 0.0
-        if self.slopes is None and start == 0:
+        # the common case needs no explicit mask: SDPA's causal kernel is the fastest path
+        bias = None if self.slopes is None and start == 0 else self._bias(start, T, x.device)
+        if bias is None and start == 0:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         else:
-            bias = self._bias(start, T, x.device)
             bias = None if bias is None else bias.to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
         if self.keep_weights:   # inspection only: the same scores, materialised
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
-            bias = self._bias(start, T, x.device)
+            if start == 0 and bias is None:
+                bias = self._bias(0, T, x.device)
             self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -317,8 +319,8 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p   # keeps at least the first
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p   # keeps at least the first
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)

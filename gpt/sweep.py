@@ -22,7 +22,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import checkpoint
 from .config import GPTConfig, SweepConfig, TrainConfig, UserError, build
+from .inspect import pyplot
+from .trainer import read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIVERGED_EXIT = 3       # train.py's exit status when the loss became nan or inf
@@ -34,9 +37,8 @@ class Run:
     seed: int
     folder: Path
 
-    @property
-    def label(self) -> str:
-        return setting_label(self.setting)
+
+RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume")   # set by the sweep itself
 
 
 def _text(value) -> str:
@@ -68,24 +70,64 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
+def _check_grid(args, values: dict, runs: list[Run]) -> None:
+    """Fail before anything runs: on axes the sweep sets itself, on two settings that would share
+    a folder, and on any grid point that is not a valid config."""
+    for axis in args.sweep:
+        if axis in RESERVED_AXES:
+            raise UserError(f"--sweep {axis}: the sweep sets {axis} itself; use --seeds=N for seeds")
+    labels = [r.folder.name for r in runs]
+    if len(set(labels)) != len(labels):
+        raise UserError(f"two grid points share the name {max(set(labels), key=labels.count)!r}; "
+                        "list each value once")
+    for r in runs:
+        build(GPTConfig, {**values, **r.setting})
+        build(TrainConfig, {**values, **r.setting})
+
+
+def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
+    """A run whose result was never recorded (the sweep was stopped as it ended) but whose
+    checkpoint is complete."""
+    path = run.folder / "ckpt.pt"
+    if not path.exists():
+        return False
+    try:
+        return checkpoint.load(path)["iter"] >= max_iters
+    except UserError:
+        return False
+
+
 def run(args, argv: list[str]) -> int:
     """Run the grid described by parsed args (axes in args.sweep), then write the report."""
     values = dict(args.values)
     sweep_cfg = build(SweepConfig, values)
-    out_dir = Path(values.get("out_dir", "runs/sweep"))
+    # absolute, because each run's process starts in the repository root
+    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
+    values["out_dir"] = str(out_dir)
     base_seed = values.get("seed", TrainConfig.seed)
     runs = expand(args.sweep, sweep_cfg.seeds, base_seed, out_dir)
-    for r in runs:          # a bad grid point fails now, not an hour into the sweep
-        build(GPTConfig, {**values, **r.setting})
-        build(TrainConfig, {**values, **r.setting})
+    _check_grid(args, values, runs)
+    shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
+    if (out_dir / "sweep.json").exists():
+        before = _read_json(out_dir / "sweep.json")
+        if before.get("shared") != shared:
+            changed = sorted(k for k in set(shared) | set(before.get("shared", {}))
+                             if shared.get(k) != before.get("shared", {}).get(k))
+            raise UserError(f"{out_dir} holds a sweep with other settings ({', '.join(changed)}); "
+                            "use another --out_dir, or the same settings to continue it")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
     (out_dir / "sweep.json").write_text(json.dumps(
-        {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "values": values,
+        {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
          "command": " ".join(["python", "train.py", *argv])}, indent=1))
 
+    max_iters = build(TrainConfig, values).max_iters
+    for r in runs:
+        if not (r.folder / "result.json").exists() and _finished_by_checkpoint(r, max_iters):
+            (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
+                                                              "wall_s": math.nan}))
     todo = [r for r in runs if not (r.folder / "result.json").exists()]
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
           f"{sweep_cfg.jobs} at a time, in {out_dir}")
@@ -98,54 +140,62 @@ def run(args, argv: list[str]) -> int:
                 r = todo.pop(0)
                 r.folder.mkdir(parents=True, exist_ok=True)
                 log = open(r.folder / "log.txt", "a")
+                # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
+                # run once, so that it saves its checkpoint
                 proc = subprocess.Popen(_command(values, r, threads), stdout=log,
-                                        stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                                        stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                        start_new_session=True)
                 running[proc] = (r, time.time(), log)
                 print(f"[{done}/{len(runs)} done] started {r.folder.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
-                r, started, log = running.pop(proc)
-                log.close()
-                status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(proc.returncode, "failed")
-                result = {"status": status, "returncode": proc.returncode,
-                          "wall_s": time.time() - started}
-                if status != "failed":
-                    (r.folder / "result.json").write_text(json.dumps(result))
                 done += 1
-                final = _final_eval(r.folder)
-                val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
-                print(f"[{done}/{len(runs)} done] {r.folder.name}: {status}, {val}, "
-                      f"{result['wall_s']:.0f} s" + (f" (see {r.folder / 'log.txt'})"
-                                                     if status == "failed" else ""), flush=True)
+                _record(running.pop(proc), proc.returncode, done, len(runs))
     except KeyboardInterrupt:
         for proc in running:
             proc.terminate()          # each run saves a checkpoint; the next start resumes it
-        for proc in running:
-            proc.wait()
+        for proc, entry in running.items():
+            if proc.wait() == 0:      # it had finished just before the stop
+                _record(entry, 0, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
         return 130
     report(out_dir)
     return 0
 
 
+def _record(entry, returncode: int, done: int, total: int) -> None:
+    run, started, log = entry
+    log.close()
+    status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
+    result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
+    if status != "failed":            # a failed run is tried again by the next start
+        (run.folder / "result.json").write_text(json.dumps(result))
+    final = _final_eval(run.folder)
+    val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
+    where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
+    print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
+          flush=True)
+
+
 # ---------------------------------------------------------------- report
 
-def _metrics(folder: Path) -> list[dict]:
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} does not hold a JSON object")
+    return data
+
+def _evals(folder: Path) -> list[dict]:
     path = folder / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return rows
+    return [r for r in read_jsonl(path) if r["kind"] == "eval"] if path.exists() else []
 
 
 def _final_eval(folder: Path) -> dict | None:
-    evals = [r for r in _metrics(folder) if r.get("kind") == "eval"]
+    evals = _evals(folder)
     return evals[-1] if evals else None
 
 
@@ -154,13 +204,14 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
     path = Path(out_dir) / "sweep.json"
     if not path.exists():
         raise UserError(f"{path} does not exist; is {out_dir} a sweep folder?")
-    sweep = json.loads(path.read_text())
+    sweep = _read_json(path)
+    if not {"axes", "seeds", "base_seed", "command"} <= sweep.keys():
+        raise UserError(f"{path} is not a sweep description; run the sweep again to rewrite it")
     rows = []
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
-        metrics = _metrics(r.folder)
-        evals = [m for m in metrics if m.get("kind") == "eval"]
+        evals = _evals(r.folder)
         result_path = r.folder / "result.json"
-        result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        result = _read_json(result_path) if result_path.exists() else {}
         final = evals[-1] if evals else {}
         speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
         val = final.get("val_loss", math.nan)
@@ -176,17 +227,23 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
     return sweep, rows
 
 
+def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
+    groups = {}
+    for row in rows:
+        groups.setdefault(row["_setting"], []).append(row)
+    return groups
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per setting: final val loss mean and std over seeds, and whether it differs from
     the first setting (the baseline) by more than two standard errors of the difference."""
-    settings = {}
-    for row in rows:
-        settings.setdefault(row["_setting"], []).append(row)
     out = []
-    for label, group in settings.items():
-        vals = [r["final_val_loss"] for r in group if r["status"] != "not run"]
-        finite = [v for v in vals if math.isfinite(v)]
-        out.append({"setting": label, "runs": len(vals), "diverged": sum(r["diverged"] for r in group),
+    for label, group in by_setting(rows).items():
+        ran = [r for r in group if r["status"] != "not run"]
+        # diverged runs are counted apart: their last finite loss is not a final loss
+        finite = [r["final_val_loss"] for r in ran if r["status"] == "finished" and not r["diverged"]
+                  and math.isfinite(r["final_val_loss"])]
+        out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
                     "n": len(finite)})
@@ -216,10 +273,9 @@ def summary_table(summary: list[dict]) -> str:
 
 def diagnostics_table(rows: list[dict]) -> str:
     """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
-    settings = {}
-    for row in rows:
-        if row["_evals"] and "block_grad_norm" in row["_evals"][-1]:
-            settings.setdefault(row["_setting"], []).append(row["_evals"][-1])
+    settings = {label: [r["_evals"][-1] for r in group if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
+                for label, group in by_setting(rows).items()}
+    settings = {label: finals for label, finals in settings.items() if finals}
     lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
              "| position similarity last | head entropy (mean, nats) |", "|---|---|---|---|---|---|"]
     for label, finals in settings.items():
@@ -235,17 +291,12 @@ def diagnostics_table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a band."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
-    settings = {}
-    for row in rows:
-        settings.setdefault(row["_setting"], []).append(row["_evals"])
-    for label, runs in settings.items():
+    for label, group in by_setting(rows).items():
         by_iter = {}
-        for evals in runs:
-            for e in evals:
+        for row in group:
+            for e in row["_evals"]:
                 by_iter.setdefault(e["iter"], []).append(e["val_loss"])
         if not by_iter:
             continue
@@ -274,14 +325,10 @@ DIAGNOSTICS = (("block_grad_norm", "gradient norm", True), ("block_update_ratio"
 
 def plot_diagnostics(rows: list[dict], path: Path) -> None:
     """Per block, each diagnostic at the final evaluation, mean over seeds: one line per setting."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(5 * len(DIAGNOSTICS), 4.5))
-    settings = {}
-    for row in rows:
-        if row["_evals"]:
-            settings.setdefault(row["_setting"], []).append(row["_evals"][-1])
+    settings = {label: [r["_evals"][-1] for r in group if r["_evals"]]
+                for label, group in by_setting(rows).items()}
     for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
         for label, finals in settings.items():
             values = [f[key] for f in finals if key in f]

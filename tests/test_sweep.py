@@ -57,6 +57,36 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert sweep.main(["report", str(out)]) == 0
 
 
+@pytest.mark.parametrize("axis, message", [
+    ("seed=1,2", "the sweep sets seed itself"),
+    ("seeds=2,3", "the sweep sets seeds itself"),
+    ("n_layer=2,2", "two grid points share the name 'n_layer=2__seed=1337'"),
+])
+def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
+    assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", axis)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_sweep_folder_refuses_other_settings_and_counts_completed_checkpoints(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true,false")
+    assert train.main(argv) == 0
+    assert train.main(argv[:-2] + ["--max_iters=8", "--sweep", "residual=true,false"]) == 2
+    assert "holds a sweep with other settings (max_iters)" in capsys.readouterr().err
+    # a run that ended but whose result was never recorded (the sweep was stopped just then)
+    (out / "residual=false__seed=1337" / "result.json").unlink()
+    assert train.main(argv) == 0
+    assert "2 runs (2 already finished)" in capsys.readouterr().out
+
+
+def test_a_relative_out_dir_is_one_folder_wherever_the_sweep_starts(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = tiny_args(data_dir, "rel", "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
+    assert train.main(argv) == 0
+    run = tmp_path / "rel" / "residual=true__seed=1337"
+    assert (run / "ckpt.pt").exists() and (run / "result.json").exists()
+
+
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps
@@ -66,15 +96,18 @@ def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     rows = {r["learning_rate"]: r for r in csv.DictReader(open(out / "sweep.csv"))}
     assert rows["1000000000.0"]["diverged"] == "True" and rows["1000000000.0"]["status"] == "diverged"
     assert rows["0.001"]["diverged"] == "False"
-    assert "| learning_rate=1000000000.0 | 1 | " in (out / "summary.md").read_text()
+    # diverged runs are counted, and kept out of the mean: no loss to average here
+    assert "| learning_rate=1000000000.0 | 1 | — | 1 |" in (out / "summary.md").read_text()
 
 
 def test_summary_flags_differences_beyond_seed_noise():
     def rows(label, vals):
         return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False}
                 for v in vals]
-    summary = sweep.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29])
+    diverged = [{"_setting": "b", "final_val_loss": 9.0, "status": "diverged", "diverged": True}]
+    summary = sweep.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29]) + diverged
                               + rows("c", [2.00, 2.03, 1.98]))
+    assert summary[1]["runs"] == 4 and summary[1]["diverged"] == 1 and summary[1]["n"] == 3
     assert summary[0]["vs_baseline"] == "baseline"
     assert summary[1]["vs_baseline"] == "worse by 0.300"
     assert summary[2]["vs_baseline"].startswith("within noise")
