@@ -26,6 +26,7 @@ import torch
 from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
 from .model import GPT
 from .data import load_meta
+from .diagnostics import measure
 from .trainer import autocast_dtype, read_jsonl, resolve_device, train
 
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
@@ -89,6 +90,18 @@ def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
     return {"ms_per_iter": median, "tokens_per_sec": tokens / median * 1000}
 
 
+def time_diagnostics(model: GPT, batch_size: int, device: str) -> float:
+    """Milliseconds that one evaluation's diagnostics take (median of 5)."""
+    T = model.config.block_size
+    x = torch.randint(model.config.vocab_size, (batch_size, T), device=device)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        measure(model, x, x)
+        times.append(1000 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
 @torch.no_grad()
 def time_sampling(model: GPT, new_tokens: int, prompt_len: int, use_cache: bool, device: str) -> float:
     idx = torch.zeros((1, prompt_len), dtype=torch.long, device=device)
@@ -113,7 +126,10 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     peak, peak_source = peak_flops(device, dtype)
     achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
+    diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
     result.update(
+        diagnostics_ms=diag_ms,
+        diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),
         device=device, dtype=str(dtype).removeprefix("torch."), params=n_params,
         achieved_tflops=achieved / 1e12, peak_tflops=peak / 1e12, peak_source=peak_source,
         mfu=achieved / peak, peak_memory_mb=peak_memory_mb(device),
@@ -136,6 +152,8 @@ def format_table(r: dict) -> str:
         (f"peak TFLOP/s ({r['peak_source']})", f"{r['peak_tflops']:.3f}"),
         ("MFU", f"{100 * r['mfu']:.1f}%"),
         ("peak memory MB", f"{r['peak_memory_mb']:.0f}"),
+        ("diagnostics ms per evaluation", f"{r['diagnostics_ms']:.1f}"),
+        ("diagnostics share of training time", f"{100 * r['diagnostics_share']:.2f}%"),
         (f"sampling tokens/s, {r['sample_new_tokens']} new, KV cache", f"{r['sample_tokens_per_sec_cache']:,.0f}"),
         (f"sampling tokens/s, {r['sample_new_tokens']} new, no cache", f"{r['sample_tokens_per_sec_no_cache']:,.0f}"),
         ("sampling past block_size, KV cache", f"{r['past_block_tokens_per_sec_cache']:,.0f}"),

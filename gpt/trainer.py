@@ -123,6 +123,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def flatten(row: dict) -> dict:
+    """Numbers only, lists spread out: {"block_rms": [a, b]} -> {"block_rms/0": a, "block_rms/1": b}."""
+    flat = {}
+    for key, value in row.items():
+        if isinstance(value, list):
+            flat.update(flatten({f"{key}/{i}": v for i, v in enumerate(value)}))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[key] = value
+    return flat
+
+
 class Metrics:
     """metrics.jsonl, one JSON object per line, mirrored to wandb when asked."""
 
@@ -142,8 +153,7 @@ class Metrics:
             f.write(json.dumps(row) + "\n")
         if self.wandb is not None:
             try:
-                self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))},
-                               step=row["iter"])
+                self.wandb.log(flatten(row), step=row["iter"])
             except Exception as e:   # a logging service must never stop training
                 print(f"warning: wandb logging failed ({e}); continuing without it", file=sys.stderr)
                 self.wandb = None
@@ -402,7 +412,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             if master and it % cfg.log_interval == 0:
                 metrics.log({"kind": "train", "iter": it, "loss": loss_value, "lr": lr,
                              "grad_norm": grad_norm, "ms": step_ms})
-            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.1e}", refresh=False)
+            bar.set_postfix(loss=f"{loss_value:.4f}", lr=f"{lr:.1e}",
+                            tok_s=f"{tokens_per_iter / step_ms * 1000:,.0f}", refresh=False)
             bar.update(1)
             it += 1
             if stop.signal is not None:

@@ -234,3 +234,20 @@ def test_the_scripts_exit_2_without_a_traceback():
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: n_layer=0 must be positive"
+
+
+def test_wandb_gets_every_metric_as_numbers(data_dir, tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    logged = []
+
+    class FakeRun:
+        def log(self, row, step):
+            logged.append((step, row))
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: FakeRun())
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--wandb=true")) == 0
+    evals = [row for _, row in logged if "val_loss" in row]
+    assert len(evals) == 2
+    assert {"block_grad_norm/0", "block_grad_norm/1", "block_rms/1", "head_entropy/1/1",
+            "unigram_loss", "train_loss", "lr"} <= evals[-1].keys()
+    assert all(isinstance(v, (int, float)) for _, row in logged for v in row.values())
