@@ -222,7 +222,9 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "wall_s": result.get("wall_s", math.nan),
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
-               "_setting": setting_label(r.setting), "_evals": evals}
+               "_setting": setting_label(r.setting), "_evals": evals,
+               "_short": ", ".join(_text(v) for v in r.setting.values()) or "base",
+               "_axes": ", ".join(r.setting) or "setting"}
         rows.append(row)
     return sweep, rows
 
@@ -283,17 +285,33 @@ def diagnostics_table(rows: list[dict]) -> str:
             values = [f[key][block] for f in finals if key in f]
             return statistics.fmean(values) if values else math.nan
         entropy = statistics.fmean(h for f in finals for layer in f["head_entropy"] for h in layer)
-        lines.append(f"| {label} | {mean('block_grad_norm', 0):.2e} / {mean('block_grad_norm', -1):.2e} "
-                     f"| {mean('block_update_ratio', 0):.1e} / {mean('block_update_ratio', -1):.1e} "
-                     f"| {mean('block_rms', -1):.2f} | {mean('block_pos_sim', -1):.2f} | {entropy:.2f} |")
+        def fmt(value, spec):
+            return format(value, spec) if math.isfinite(value) else "—"
+        lines.append(f"| {label} | {fmt(mean('block_grad_norm', 0), '.2e')} / "
+                     f"{fmt(mean('block_grad_norm', -1), '.2e')} | {fmt(mean('block_update_ratio', 0), '.1e')}"
+                     f" / {fmt(mean('block_update_ratio', -1), '.1e')} | {fmt(mean('block_rms', -1), '.2f')} "
+                     f"| {fmt(mean('block_pos_sim', -1), '.2f')} | {entropy:.2f} |")
     return "\n".join(lines) if settings else ""
+
+
+def _styles(n: int):
+    """Distinct colour and line style for each of n settings (20 colours, then dashes)."""
+    import matplotlib
+    colours = matplotlib.colormaps["tab20"].colors
+    return [(colours[i % 20], "-" if i < 20 else "--") for i in range(n)]
+
+
+def _legend(fig, ax, rows: list[dict]) -> None:
+    ax.legend(fontsize=7, title=rows[0]["_axes"] if rows else None, title_fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def plot(rows: list[dict], path: Path) -> None:
     """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a band."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for label, group in by_setting(rows).items():
+    fig, ax = plt.subplots(figsize=(10, 5))
+    groups = by_setting(rows)
+    for (label, group), (colour, style) in zip(groups.items(), _styles(len(groups))):
         by_iter = {}
         for row in group:
             for e in row["_evals"]:
@@ -302,17 +320,17 @@ def plot(rows: list[dict], path: Path) -> None:
             continue
         iters = sorted(by_iter)
         mean = [statistics.fmean(by_iter[i]) for i in iters]
-        line, = ax.plot(iters, mean, label=label)
+        ax.plot(iters, mean, style, color=colour, label=group[0]["_short"])
         if max(len(by_iter[i]) for i in iters) > 1:
             ax.fill_between(iters, [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters],
-                            color=line.get_color(), alpha=0.2)
+                            color=colour, alpha=0.2)
     unigram = [e["unigram_loss"] for row in rows for e in row["_evals"][-1:] if "unigram_loss" in e]
     if unigram:
         ax.axhline(unigram[0], color="gray", ls="--", label="unigram level")
     ax.set_xlabel("iteration")
     ax.set_ylabel("val loss")
     ax.set_title("val loss: mean over seeds, band = min..max")
-    ax.legend(fontsize=8)
+    _legend(fig, ax, rows)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -326,21 +344,21 @@ DIAGNOSTICS = (("block_grad_norm", "gradient norm", True), ("block_update_ratio"
 def plot_diagnostics(rows: list[dict], path: Path) -> None:
     """Per block, each diagnostic at the final evaluation, mean over seeds: one line per setting."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(5 * len(DIAGNOSTICS), 4.5))
-    settings = {label: [r["_evals"][-1] for r in group if r["_evals"]]
-                for label, group in by_setting(rows).items()}
+    fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(5 * len(DIAGNOSTICS) + 3, 4.5))
+    groups = by_setting(rows)
+    styles = _styles(len(groups))
     for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
-        for label, finals in settings.items():
-            values = [f[key] for f in finals if key in f]
+        for group, (colour, style) in zip(groups.values(), styles):
+            values = [r["_evals"][-1][key] for r in group if r["_evals"] and key in r["_evals"][-1]]
             if values:
                 mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
-                ax.plot(range(len(mean)), mean, "o-", label=label)
+                ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])
         ax.set_title(f"{title} (final eval, mean over seeds)", fontsize=9)
         ax.set_xlabel("block")
         if log:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    _legend(fig, axes[-1], rows)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
