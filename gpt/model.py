@@ -159,7 +159,10 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
         if config.pos_encoding == "sinusoidal":
-            table = sinusoidal_table(config.block_size, config.n_embd)
+            # The paper's table has RMS 1/sqrt(2) against token embeddings scaled up to match it;
+            # here the token embeddings start at std 0.02 (GPT-2), so the table is scaled to that
+            # same size, as a learned table would start. Unscaled, it drowns the tokens.
+            table = sinusoidal_table(config.block_size, config.n_embd) * (0.02 * math.sqrt(2))
             self.register_buffer("pos_table", table, persistent=False)
         self._init_weights()
 

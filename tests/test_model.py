@@ -323,3 +323,11 @@ def test_sampling_seed_reproduces_tokens():
     assert torch.equal(sample(7), sample(7))
     # a near-uniform 13-way choice 40 times over: another seed agreeing would mean the seed is ignored
     assert not torch.equal(sample(7), sample(8))
+
+
+def test_sinusoidal_positions_start_at_the_token_embeddings_scale():
+    from gpt.positions import sinusoidal_table
+    model = GPT(GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=8,
+                          pos_encoding="sinusoidal"))
+    torch.testing.assert_close(model.pos_table, sinusoidal_table(16, 8) * 0.02 * math.sqrt(2))
+    assert model.pos_table.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=0.05)
