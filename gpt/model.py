@@ -107,11 +107,12 @@ class CausalSelfAttention(nn.Module):
         else:
             bias = None if bias is None else bias.to(q.dtype)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
-        if self.keep_weights:   # inspection only: the same scores, materialised
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
-            if start == 0 and bias is None:
-                bias = self._bias(0, T, x.device)
-            self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
+        if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
+            with torch.no_grad():
+                scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
+                if start == 0 and bias is None:
+                    bias = self._bias(0, T, x.device)
+                self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

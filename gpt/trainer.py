@@ -8,6 +8,7 @@ is the same whether it runs in one process or is split over several (DDP).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import math
@@ -35,6 +36,18 @@ class Diverged(UserError):
 
 
 # ---------------------------------------------------------------- pieces
+
+def keep_freed_memory() -> None:
+    """Ask glibc to keep freed memory for reuse. By default it returns large blocks to the OS as
+    soon as they are freed, and every CPU training step then pays page faults to get its
+    activation buffers back (2-6% of a step on the CPU recipe). Elsewhere this does nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 256 << 20)         # M_MMAP_THRESHOLD: serve blocks up to 256 MB from the heap
+        libc.mallopt(-1, 512 << 20)         # M_TRIM_THRESHOLD: keep up to 512 MB of freed heap
+    except (OSError, AttributeError):
+        pass
+
 
 def resolve_device(name: str) -> str:
     if name == "auto":
@@ -265,6 +278,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         _writable(out_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if device_type == "cpu":
+        keep_freed_memory()
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -363,8 +378,10 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                               f"lr {lr:.2e}, {row['tokens_per_sec']:,.0f} tokens/s")
                     if row["val_loss"] < best_val:
                         best_val = row["val_loss"]
-                        save("ckpt_best.pt", it)
-                    save("ckpt.pt", it)
+                        if it > 0:          # an untrained model is not worth a file
+                            save("ckpt_best.pt", it)
+                    if it > 0:
+                        save("ckpt.pt", it)
                 summary.update(row)
                 tick, tokens_since = time.perf_counter(), 0
                 step_end = tick             # step times leave evaluation out
