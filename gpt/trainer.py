@@ -374,8 +374,9 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 last_eval = it
                 if master:
                     metrics.log(row)
-                    bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f}, "
-                              f"lr {lr:.2e}, {row['tokens_per_sec']:,.0f} tokens/s")
+                    bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
+                              f"(unigram level {unigram:.2f}), lr {lr:.2e}, "
+                              f"{row['tokens_per_sec']:,.0f} tokens/s")
                     if row["val_loss"] < best_val:
                         best_val = row["val_loss"]
                         if it > 0:          # an untrained model is not worth a file
