@@ -44,7 +44,10 @@ def sample(cfg: SampleConfig):
         path = Path(prompt[5:])
         if not path.is_file():
             raise UserError(f"--start=FILE:{path}: no such file")
-        prompt = path.read_text(encoding="utf-8")
+        try:
+            prompt = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("--start is empty; give at least one character")
@@ -61,6 +64,8 @@ def sample(cfg: SampleConfig):
             if not text.endswith("\ufffd"):   # a BPE token may end inside a character
                 yield text
                 pending = []
+        if pending:
+            yield tok.decode(pending)
         yield "\n" + ("-" * 40 + "\n" if i < cfg.num_samples - 1 else "")
 
 

@@ -274,7 +274,6 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
 class Args:
     """A parsed command line: the config file's values, then the overrides on top."""
     values: dict                      # field name -> typed value, file first, then overrides
-    overrides: dict                   # the subset given on the command line
     sweep: dict[str, list]            # axis name -> values to try
 
 
@@ -309,7 +308,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     values.update(raw)
-    return Args(values=values, overrides=raw, sweep={**file_sweep, **sweep})
+    return Args(values=values, sweep={**file_sweep, **sweep})
 
 
 def build(cls, values: dict, base: dict | None = None):

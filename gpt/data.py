@@ -87,7 +87,7 @@ def read_text(input_path: Path, download_url: str | None = None) -> str:
             with urllib.request.urlopen(download_url, timeout=30) as response:
                 data = response.read()
             input_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = input_path.with_suffix(".part")
+            tmp = input_path.with_suffix(f".part{os.getpid()}")
             tmp.write_bytes(data)
             os.replace(tmp, input_path)
         except OSError as e:
@@ -108,12 +108,14 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
     sizes = {}
     for split, part in (("train", text[:n]), ("val", text[n:])):
         ids = np.array(tok.encode(part), dtype=np.uint16)
-        tmp = out_dir / f"{split}.bin.tmp"
+        tmp = out_dir / f"{split}.bin.tmp{os.getpid()}"      # two preparers never share a file
         ids.tofile(tmp)
         os.replace(tmp, out_dir / f"{split}.bin")
         sizes[split] = len(ids)
     meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
-    (out_dir / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+    tmp = out_dir / f"meta.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+    os.replace(tmp, out_dir / "meta.json")
     return meta
 
 
@@ -161,9 +163,10 @@ class Batches:
     checkpoints. All micro-batches of one optimizer step are drawn at once, so a run split over
     several processes sees exactly the batches of one process accumulating the same steps."""
 
-    def __init__(self, folder: Path, block_size: int, batch_size: int, device, seed: int):
+    def __init__(self, folder: Path, block_size: int, batch_size: int, device, seed: int,
+                 vocab_size: int | None = None):
         self.block_size, self.batch_size, self.device = block_size, batch_size, device
-        self.data = {}
+        self.data, self.ids = {}, {}
         for split in ("train", "val"):
             path = folder / f"{split}.bin"
             size = path.stat().st_size
@@ -173,8 +176,12 @@ class Batches:
             if len(ids) <= block_size + 1:
                 raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
                                 f"block_size={block_size}; lower block_size or use more text")
+            if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:
+                raise UserError(f"{path} holds token id {int(ids.max())}, outside meta.json's "
+                                f"vocabulary of {vocab_size}; prepare the dataset again")
             # a view, not a copy: datasets larger than memory work, and a batch is one gather
             self.data[split] = np.lib.stride_tricks.sliding_window_view(ids, block_size + 1)
+            self.ids[split] = ids
         self.generator = torch.Generator().manual_seed(seed)
         self.pin = torch.device(device).type == "cuda"
 
@@ -197,11 +204,6 @@ class Batches:
         ix = np.linspace(0, len(windows) - 1, n_batches * self.batch_size).astype(np.int64)
         batch = self._gather(windows, ix, n_batches).to(self.device)
         return batch[..., :-1], batch[..., 1:]
-
-    def tokens(self, split: str) -> np.ndarray:
-        """All token ids of a split, as stored."""
-        windows = self.data[split]
-        return np.concatenate([windows[:, 0], windows[-1, 1:]])
 
     def _gather(self, windows: np.ndarray, ix: np.ndarray, n_batches: int) -> torch.Tensor:
         rows = torch.from_numpy(windows[ix].astype(np.int64))               # (n * B, T + 1)

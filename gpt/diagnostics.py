@@ -17,18 +17,22 @@ import json
 import math
 import sys
 
+import numpy as np
 import torch
 
 from .config import GPTConfig, UserError
 from .model import GPT
 
 
-def unigram_loss(train_ids, val_ids, vocab_size: int) -> float:
-    """Cross-entropy (nats) of the val tokens under the train split's token frequencies."""
-    counts = torch.bincount(torch.as_tensor(train_ids, dtype=torch.long), minlength=vocab_size).double()
-    probs = (counts + 1) / (counts.sum() + vocab_size)          # add-one: unseen tokens stay finite
-    val = torch.as_tensor(val_ids, dtype=torch.long)
-    return -probs.log()[val].mean().item()
+def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 22) -> float:
+    """Cross-entropy (nats) of the val tokens under the train split's token frequencies. Reads
+    the (possibly memory-mapped) arrays in chunks, so it never holds a whole split in memory."""
+    counts = np.zeros(vocab_size, dtype=np.float64)
+    for i in range(0, len(train_ids), chunk):
+        counts += np.bincount(np.asarray(train_ids[i:i + chunk]), minlength=vocab_size)[:vocab_size]
+    log_probs = np.log((counts + 1) / (counts.sum() + vocab_size))  # add-one: unseen stay finite
+    total = sum(log_probs[np.asarray(val_ids[i:i + chunk])].sum() for i in range(0, len(val_ids), chunk))
+    return float(-total / len(val_ids))
 
 
 def position_similarity(h: torch.Tensor) -> float:

@@ -54,10 +54,15 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
             ax.set_yticks(range(len(ids)), labels, fontsize=6)
     fig.supxlabel("attended-to character (key)")
     fig.supylabel("attending character (query)")
+    _save(fig, out)
+    return out
+
+
+def _save(fig, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    pyplot().close(fig)
 
 
 def _per_block(ax, evals, key, title, log=False):
@@ -120,9 +125,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
         ax.set_visible(False)
     axes[1][3].set_visible(False)
     fig.suptitle(str(run_dir))
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    _save(fig, out)
     return out
 
 

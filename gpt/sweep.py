@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import GPTConfig, SweepConfig, TrainConfig, UserError, build
+from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import read_jsonl
 
@@ -123,8 +125,10 @@ def run(args, argv: list[str]) -> int:
         {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
          "command": " ".join(["python", "train.py", *argv])}, indent=1))
 
-    max_iters = build(TrainConfig, values).max_iters
+    train_cfg = build(TrainConfig, values)
+    ensure_prepared(train_cfg.data_dir, train_cfg.dataset)     # once, not by every run at once
     for r in runs:
+        max_iters = build(TrainConfig, {**values, **r.setting}).max_iters
         if not (r.folder / "result.json").exists() and _finished_by_checkpoint(r, max_iters):
             (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
                                                               "wall_s": math.nan}))
@@ -134,6 +138,7 @@ def run(args, argv: list[str]) -> int:
     threads = max(1, (os.cpu_count() or 1) // sweep_cfg.jobs)
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     done = len(runs) - len(todo)
+    previous = signal.signal(signal.SIGTERM, _interrupt)   # SIGTERM stops the runs as Ctrl-C does
     try:
         while todo or running:
             while todo and len(running) < sweep_cfg.jobs:
@@ -160,8 +165,14 @@ def run(args, argv: list[str]) -> int:
                 _record(entry, 0, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     report(out_dir)
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _record(entry, returncode: int, done: int, total: int) -> None:
@@ -301,7 +312,7 @@ def _styles(n: int):
     return [(colours[i % 20], "-" if i < 20 else "--") for i in range(n)]
 
 
-def _legend(fig, ax, rows: list[dict]) -> None:
+def _legend(ax, rows: list[dict]) -> None:
     ax.legend(fontsize=7, title=rows[0]["_axes"] if rows else None, title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
@@ -330,7 +341,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("iteration")
     ax.set_ylabel("val loss")
     ax.set_title("val loss: mean over seeds, band = min..max")
-    _legend(fig, ax, rows)
+    _legend(ax, rows)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -358,7 +369,7 @@ def plot_diagnostics(rows: list[dict], path: Path) -> None:
         if log:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    _legend(fig, axes[-1], rows)
+    _legend(axes[-1], rows)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

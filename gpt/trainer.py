@@ -157,8 +157,10 @@ class Metrics:
         """Drop lines a killed run wrote after its checkpoint, so a resume does not repeat them."""
         if not self.path.exists():
             return
+        def per_step(row):      # logged with the index of the step, not the count of steps done
+            return row["kind"] == "train" or row.get("event") == "nonfinite"
         keep = [row for row in read_jsonl(self.path)
-                if row["iter"] <= (last_iter - 1 if row["kind"] == "train" else last_iter)]
+                if row["iter"] <= (last_iter - 1 if per_step(row) else last_iter)]
         self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
 
     def log(self, row: dict) -> None:
@@ -290,12 +292,12 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     meta = load_meta(folder)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     seed_everything(cfg.seed)
-    batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed)
-    unigram = unigram_loss(batches.tokens("train"), batches.tokens("val"), meta["vocab_size"])
+    batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
+    unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg, device_type)
 
-    start_iter, best_val, last_eval = 0, float("inf"), -1
+    start_iter, best_val, last_eval, last_saved = 0, float("inf"), -1, None
     metrics_path = out_dir / "metrics.jsonl"
     if cfg.resume:
         ckpt = checkpoint.load(out_dir / "ckpt.pt")      # on the CPU: RNG states must stay there
@@ -303,6 +305,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
+        last_saved = start_iter
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         if start_iter >= cfg.max_iters:
@@ -383,6 +386,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                             save("ckpt_best.pt", it)
                     if it > 0:
                         save("ckpt.pt", it)
+                        last_saved = it
                 summary.update(row)
                 tick, tokens_since = time.perf_counter(), 0
                 step_end = tick             # step times leave evaluation out
@@ -402,12 +406,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     _, loss = model(xs[micro], ys[micro])
                 (loss / local_steps).backward()
                 loss_sum += loss.detach()
+            stopping = stop.signal is not None
             if world > 1:   # the stop flag rides along, so every rank stops after the same step
-                flags = torch.stack([loss_sum, torch.tensor(float(stop.signal is not None), device=device)])
+                flags = torch.stack([loss_sum, torch.tensor(float(stopping), device=device)])
                 torch.distributed.all_reduce(flags)
-                loss_sum, stop_any = flags[0] / world, flags[1].item() > 0
-                if stop_any and stop.signal is None:
-                    stop.signal = "a signal to another process"
+                loss_sum, stopping = flags[0] / world, flags[1].item() > 0
             loss_value = loss_sum.item() / local_steps
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 raw_model.parameters(), cfg.grad_clip or float("inf")).item()
@@ -419,10 +422,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
                                  "loss": str(loss_value), "grad_norm": str(grad_norm)})
                 if not cfg.skip_nonfinite:
+                    kept = ("no checkpoint had been saved yet" if last_saved is None else
+                            f"{out_dir / 'ckpt.pt'} keeps the last good state (iteration {last_saved})")
                     raise Diverged(f"loss became {loss_value} (gradient norm {grad_norm}) at "
-                                   f"iteration {it}; stopped, and {out_dir / 'ckpt.pt'} keeps the "
-                                   f"last good state (iteration {last_eval}). Lower "
-                                   "--learning_rate, or pass --skip_nonfinite=true to skip such steps")
+                                   f"iteration {it}; stopped, and {kept}. Lower --learning_rate, "
+                                   "or pass --skip_nonfinite=true to skip such steps")
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
             # a step's time runs from the previous step's end: logging and the bar count too
@@ -434,13 +438,14 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                             tok_s=f"{tokens_per_iter / step_ms * 1000:,.0f}", refresh=False)
             bar.update(1)
             it += 1
-            if stop.signal is not None:
+            if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
+                signal_name = stop.signal or "a signal to another process"
                 if master:
                     save("ckpt.pt", it)
-                    metrics.log({"kind": "event", "iter": it, "event": f"stopped by {stop.signal}"})
-                    bar.write(f"{stop.signal}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
+                    metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
+                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
                               "continue with --resume")
-                summary["stopped_by"] = stop.signal
+                summary["stopped_by"] = signal_name
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,
                    wall_s=time.perf_counter() - t_start)

@@ -15,8 +15,6 @@ def test_overrides_are_typed_and_win_over_the_file():
     assert args.values["compile"] is True
     assert args.values["dropout"] == pytest.approx(0.1)
     assert args.values["n_embd"] == 384          # from the file
-    assert args.overrides == {"n_layer": 4, "learning_rate": 3e-4, "compile": True, "dropout": 0.1,
-                              "device": "cpu"}
 
 
 def test_shakespeare_char_is_the_baseline_recipe():

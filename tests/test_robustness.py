@@ -251,3 +251,35 @@ def test_wandb_gets_every_metric_as_numbers(data_dir, tmp_path, monkeypatch):
     assert {"block_grad_norm/0", "block_grad_norm/1", "block_rms/1", "head_entropy/1/1",
             "unigram_loss", "train_loss", "lr"} <= evals[-1].keys()
     assert all(isinstance(v, (int, float)) for _, row in logged for v in row.values())
+
+
+def test_a_stop_in_the_last_step_still_finishes_with_the_evaluation(data_dir, tmp_path, monkeypatch):
+    from gpt import trainer
+    real_draw = trainer.Batches.draw
+    steps = {"n": 0}
+
+    def draw_then_signal(self, split, n):
+        steps["n"] += 1
+        if steps["n"] == 4:                     # during the last of 4 steps
+            signal.raise_signal(signal.SIGINT)
+        return real_draw(self, split, n)
+    monkeypatch.setattr(trainer.Batches, "draw", draw_then_signal)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [e["iter"] for e in evals if e["kind"] == "eval"] == [0, 2, 4]
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(data_dir, tmp_path, capsys):
+    meta = json.loads((data_dir / "tiny" / "meta.json").read_text())
+    meta["chars"], meta["vocab_size"] = meta["chars"][:5], 5
+    (data_dir / "tiny" / "meta.json").write_text(json.dumps(meta))
+    assert train.main(tiny_args(data_dir, tmp_path / "o")) == 2
+    assert "outside meta.json's vocabulary of 5; prepare the dataset again" in capsys.readouterr().err
+
+
+def test_a_prompt_file_that_is_not_text(data_dir, tmp_path, capsys):
+    out = _trained(data_dir, tmp_path)
+    (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\x00\x81")
+    assert sample.main([f"--out_dir={out}", f"--start=FILE:{tmp_path / 'bin.dat'}"]) == 2
+    assert "the file is not UTF-8 text" in capsys.readouterr().err

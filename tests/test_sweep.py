@@ -117,3 +117,13 @@ def test_summary_flags_differences_beyond_seed_noise():
 def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
     assert sweep.main(["report", str(tmp_path)]) == 2
     assert "sweep.json does not exist" in capsys.readouterr().err
+
+
+def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--eval_interval=2", "--sweep", "max_iters=2,4")
+    assert train.main(argv) == 0
+    for name in ("max_iters=2__seed=1337", "max_iters=4__seed=1337"):
+        (out / name / "result.json").unlink()
+    assert train.main(argv) == 0
+    assert "2 runs (2 already finished)" in capsys.readouterr().out
