@@ -24,7 +24,7 @@ from .config import GPTConfig, UserError
 from .model import GPT
 
 
-def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 22) -> float:
+def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> float:
     """Cross-entropy (nats) of the val tokens under the train split's token frequencies. Reads
     the (possibly memory-mapped) arrays in chunks, so it never holds a whole split in memory."""
     counts = np.zeros(vocab_size, dtype=np.float64)
