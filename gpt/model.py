@@ -100,18 +100,15 @@ class CausalSelfAttention(nn.Module):
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T_k, hs)
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         dropout = self.dropout if self.training else 0.0
-        # the common case needs no explicit mask: SDPA's causal kernel is the fastest path
-        bias = None if self.slopes is None and start == 0 else self._bias(start, T, x.device)
-        if bias is None and start == 0:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        else:
-            bias = None if bias is None else bias.to(q.dtype)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)
+        # without ALiBi or cached keys, SDPA's causal kernel needs no mask and is the fastest path
+        fast_causal = self.slopes is None and start == 0
+        bias = None if fast_causal else self._bias(start, T, x.device)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if bias is None else bias.to(q.dtype),
+                                           dropout_p=dropout, is_causal=fast_causal)
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
             with torch.no_grad():
+                bias = self._bias(start, T, x.device) if fast_causal else bias
                 scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
-                if start == 0 and bias is None:
-                    bias = self._bias(0, T, x.device)
                 self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)
         return self.resid_dropout(self.c_proj(y))

@@ -72,9 +72,9 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
-def _check_grid(args, values: dict, runs: list[Run]) -> None:
+def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
     """Fail before anything runs: on axes the sweep sets itself, on two settings that would share
-    a folder, and on any grid point that is not a valid config."""
+    a folder, and on any grid point that is not a valid config. Returns each run's TrainConfig."""
     for axis in args.sweep:
         if axis in RESERVED_AXES:
             raise UserError(f"--sweep {axis}: the sweep sets {axis} itself; use --seeds=N for seeds")
@@ -84,7 +84,7 @@ def _check_grid(args, values: dict, runs: list[Run]) -> None:
                         "list each value once")
     for r in runs:
         build(GPTConfig, {**values, **r.setting})
-        build(TrainConfig, {**values, **r.setting})
+    return [build(TrainConfig, {**values, **r.setting}) for r in runs]
 
 
 def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
@@ -108,7 +108,7 @@ def run(args, argv: list[str]) -> int:
     values["out_dir"] = str(out_dir)
     base_seed = values.get("seed", TrainConfig.seed)
     runs = expand(args.sweep, sweep_cfg.seeds, base_seed, out_dir)
-    _check_grid(args, values, runs)
+    run_cfgs = _check_grid(args, values, runs)
     shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
     if (out_dir / "sweep.json").exists():
         before = _read_json(out_dir / "sweep.json")
@@ -125,11 +125,10 @@ def run(args, argv: list[str]) -> int:
         {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
          "command": " ".join(["python", "train.py", *argv])}, indent=1))
 
-    train_cfg = build(TrainConfig, values)
-    ensure_prepared(train_cfg.data_dir, train_cfg.dataset)     # once, not by every run at once
-    for r in runs:
-        max_iters = build(TrainConfig, {**values, **r.setting}).max_iters
-        if not (r.folder / "result.json").exists() and _finished_by_checkpoint(r, max_iters):
+    for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
+        ensure_prepared(*cfg)                        # once, not by every run at once
+    for r, cfg in zip(runs, run_cfgs):
+        if not (r.folder / "result.json").exists() and _finished_by_checkpoint(r, cfg.max_iters):
             (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
                                                               "wall_s": math.nan}))
     todo = [r for r in runs if not (r.folder / "result.json").exists()]
@@ -199,6 +198,7 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path} does not hold a JSON object")
     return data
+
 
 def _evals(folder: Path) -> list[dict]:
     path = folder / "metrics.jsonl"
