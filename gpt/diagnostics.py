@@ -22,6 +22,7 @@ import torch
 
 from .config import GPTConfig, UserError
 from .model import GPT
+from .optim import AdamW
 
 
 def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> float:
@@ -55,7 +56,7 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
     return ent.mean(dim=(0, 2)).tolist()
 
 
-def update_ratios(blocks, optimizer: torch.optim.AdamW) -> list[float]:
+def update_ratios(blocks, optimizer: AdamW) -> list[float]:
     """Per block, ||update|| / ||weights|| of the step AdamW would take now: lr * (m_hat /
     (sqrt(v_hat) + eps) + weight_decay * w). Around 1e-3 is the usual healthy range; much larger
     means the weights are being rewritten each step, much smaller that the block has stalled."""
@@ -66,7 +67,7 @@ def update_ratios(blocks, optimizer: torch.optim.AdamW) -> list[float]:
         for p in block.parameters():
             state, group = optimizer.state.get(p), groups[id(p)]
             weight_sq += p.detach().float().pow(2).sum().item()
-            if not state or "exp_avg" not in state:
+            if not state or float(state["step"]) == 0:      # no step taken yet
                 continue
             beta1, beta2 = group["betas"]
             step = float(state["step"])
@@ -79,7 +80,7 @@ def update_ratios(blocks, optimizer: torch.optim.AdamW) -> list[float]:
 
 
 def measure(model: GPT, x: torch.Tensor, y: torch.Tensor,
-            optimizer: torch.optim.AdamW | None = None) -> dict:
+            optimizer: AdamW | None = None) -> dict:
     """Diagnostics on one batch; leaves the model's .grad fields and RNG untouched."""
     was_training = model.training
     model.eval()                         # no dropout: the same batch always measures the same

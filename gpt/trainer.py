@@ -29,6 +29,7 @@ from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
 from .model import GPT
+from .optim import AdamW
 
 
 class Diverged(UserError):
@@ -88,15 +89,14 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+def make_optimizer(model: GPT, cfg: TrainConfig) -> AdamW:
     """Weight decay on matrices and embeddings (dim >= 2), none on biases and norm gains."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    fused = device_type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+    return AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
 
 
 def rng_state(device: str) -> dict:
@@ -295,7 +295,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
-    optimizer = make_optimizer(model, cfg, device_type)
+    optimizer = make_optimizer(model, cfg)
 
     start_iter, best_val, last_eval, last_saved = 0, float("inf"), -1, None
     metrics_path = out_dir / "metrics.jsonl"

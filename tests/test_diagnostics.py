@@ -11,6 +11,7 @@ from gpt.config import GPTConfig
 from gpt.diagnostics import (attention_entropy, grad_depth, main as diagnostics_main, measure,
                              position_similarity, unigram_loss, update_ratios)
 from gpt.model import GPT
+from gpt.optim import AdamW
 
 
 def test_identical_positions_have_similarity_one_and_orthogonal_zero():
@@ -62,7 +63,7 @@ def test_measure_leaves_grads_and_rng_alone_and_reports_every_block():
 def test_update_ratio_after_one_adam_step():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, eps=1e-12)
+    opt = AdamW([{"params": model.parameters(), "weight_decay": 0.0}], lr=1e-2, betas=(0.9, 0.999), eps=1e-12)
     _, loss = model(torch.randint(11, (2, 8)), torch.randint(11, (2, 8)))
     loss.backward()
     opt.step()

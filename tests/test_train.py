@@ -34,7 +34,7 @@ def test_schedule_warms_up_linearly_then_follows_the_cosine():
 
 def test_weight_decay_applies_to_matrices_and_embeddings_only():
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
-    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), "cpu")
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1))
     decay, no_decay = opt.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0

@@ -1,0 +1,111 @@
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, tiny_args
+from gpt.config import GPTConfig, TrainConfig, UserError
+from gpt.model import GPT
+from gpt.optim import AdamW
+from gpt.trainer import make_optimizer
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=False))
+
+
+def _losses(model, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randint(11, (4, 8), generator=g), torch.randint(11, (4, 8), generator=g)
+        yield model(x, y)[1]
+
+
+def _run(model, opt, steps, lrs):
+    for it, loss in enumerate(_losses(model, steps)):
+        for group in opt.param_groups:
+            group["lr"] = lrs[it]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def test_matches_torch_adamw_with_two_groups_and_a_changing_lr():
+    cfg = TrainConfig(weight_decay=0.1, beta2=0.95, learning_rate=1e-2)
+    ours, ref = _model(), _model()
+    opt = make_optimizer(ours, cfg)
+    ref_opt = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
+                                 for g in make_optimizer(ref, cfg).param_groups],
+                                lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), foreach=False)
+    lrs = [1e-2 * (0.5 ** i) for i in range(6)]
+    _run(ours, opt, 6, lrs)
+    _run(ref, ref_opt, 6, lrs)
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name
+    assert not torch.equal(ours.lm_head.weight, _model().lm_head.weight)    # it did move
+
+
+def test_state_dict_round_trip_continues_exactly():
+    cfg = TrainConfig(weight_decay=0.1, learning_rate=1e-2)
+    whole = _model()
+    opt = make_optimizer(whole, cfg)
+    _run(whole, opt, 5, [1e-2] * 5)
+
+    first = _model()
+    opt1 = make_optimizer(first, cfg)
+    losses = _losses(first, 5)
+    for _ in range(3):
+        next(losses).backward()
+        opt1.step()
+        opt1.zero_grad()
+    saved_model, saved_opt = first.state_dict(), opt1.state_dict()
+    resumed = _model(seed=7)
+    resumed.load_state_dict(saved_model)
+    opt2 = make_optimizer(resumed, cfg)
+    opt2.load_state_dict(saved_opt)
+    assert opt2.state[resumed.lm_head.weight]["step"].item() == 3
+    g = torch.Generator().manual_seed(1)
+    for it in range(5):
+        x, y = torch.randint(11, (4, 8), generator=g), torch.randint(11, (4, 8), generator=g)
+        if it >= 3:
+            resumed(x, y)[1].backward()
+            opt2.step()
+            opt2.zero_grad()
+    for a, b in zip(resumed.parameters(), whole.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_loads_torch_optim_state_and_refuses_another_models():
+    cfg = TrainConfig(weight_decay=0.1, learning_rate=1e-2)
+    model = _model()
+    ref = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
+                             for g in make_optimizer(model, cfg).param_groups], lr=1e-2)
+    _run(model, ref, 2, [1e-2] * 2)
+    opt = make_optimizer(model, cfg)
+    opt.load_state_dict(ref.state_dict())
+    assert torch.equal(opt.state[model.lm_head.weight]["exp_avg"], ref.state[model.lm_head.weight]["exp_avg"])
+    other = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=12, bias=True))
+    with pytest.raises(UserError, match="another model"):
+        make_optimizer(other, cfg).load_state_dict(opt.state_dict())
+
+
+def test_training_does_not_import_the_compiler(data_dir, tmp_path):
+    """torch._dynamo costs 1.7 s and 57 MB at start-up; only --compile should bring it in."""
+    args = tiny_args(data_dir, tmp_path / "run", "--max_iters=3", "--eval_interval=3")
+    code = (f"import sys, train; assert train.main({args!r}) == 0; "
+            "print('dynamo' if 'torch._dynamo' in sys.modules else 'clean')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "clean"
+
+
+def test_zero_grad_keeps_or_drops_gradients():
+    model = _model()
+    opt = AdamW([{"params": model.parameters(), "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99))
+    next(_losses(model, 1)).backward()
+    opt.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    opt.zero_grad()
+    assert all(p.grad is None for p in model.parameters())
