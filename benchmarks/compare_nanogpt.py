@@ -10,7 +10,8 @@ and ratios are reported, since timings on a small shared CPU drift by 10% or mor
 1. training throughput: nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
    batch 12, fp32, no bias), median time per iteration after the first 10, evaluation excluded;
 2. time to quality: whole processes, start-up and evaluations included: nanoGPT's 2000-iteration
-   recipe against configs/shakespeare_char_fast.toml, with the final val loss of each;
+   recipe against configs/shakespeare_char_fast.toml, with the final val loss of each, as each
+   program estimates it and over the whole val split;
 3. sampling: generate() on the shakespeare_char shape (6 layers, 6 heads, 384 wide, block 256)
    from a one-token prompt up to the block size, and 64 tokens past it, same weights in both;
 4. peak memory (max RSS) of the training processes of 1.
@@ -85,24 +86,68 @@ def throughput(path: Path, rounds: int, iters: int) -> dict:
             "nanogpt_peak_rss_mb": max(rss_theirs), "ours_peak_rss_mb": max(rss_mine)}
 
 
-def time_to_quality(path: Path) -> dict:
-    _, wall_theirs, _, out = nanogpt_train(path, 2000)
-    val_theirs = float(re.findall(r"step 2000: train loss [\d.]+, val loss ([\d.]+)", out)[-1])
+def whole_split_loss(model, block_size: int) -> float:
+    """Mean loss over the whole val split in non-overlapping windows: the same yardstick for both
+    programs, free of the sampling noise in either one's own 20-batch estimate."""
+    import numpy as np
+    import torch
+    ids = np.fromfile(ROOT / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(np.int64)
+    n = (len(ids) - 1) // block_size
+    x = torch.from_numpy(ids[:n * block_size].reshape(n, block_size))
+    y = torch.from_numpy(ids[1:n * block_size + 1].reshape(n, block_size))
+    model.eval()
+    with torch.no_grad():
+        total = sum(model(x[i:i + 256], y[i:i + 256])[1].item() * len(x[i:i + 256]) for i in range(0, n, 256))
+    return total / n
+
+
+def nanogpt_model(path: Path):
+    spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def time_to_quality(path: Path, rounds: int) -> dict:
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from gpt import GPT, checkpoint
+    theirs_mod = nanogpt_model(path)
+    walls_theirs, walls_mine, vals_theirs, vals_mine, whole_theirs, whole_mine = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        _, wall_mine, _, rows = our_train(Path(tmp) / "fast", ["--config", "shakespeare_char_fast"])
-    val_mine = [r for r in rows if r["kind"] == "eval"][-1]["val_loss"]
-    return {"nanogpt_2000_iter_wall_s": wall_theirs, "nanogpt_val_loss": val_theirs,
-            "ours_fast_wall_s": wall_mine, "ours_fast_val_loss": val_mine,
-            "wall_ratio": wall_mine / wall_theirs}
+        for r in range(rounds):
+            out_theirs = Path(tmp) / f"nanogpt{r}"
+            _, wall, _, out = nanogpt_train(path, 2000, [f"--out_dir={out_theirs}"])
+            walls_theirs.append(wall)
+            vals_theirs.append(float(re.findall(r"step 2000: train loss [\d.]+, val loss ([\d.]+)", out)[-1]))
+            ckpt = torch.load(out_theirs / "ckpt.pt", map_location="cpu", weights_only=False)
+            if ckpt["iter_num"] != 2000:    # it saves only when its val loss improves
+                print(f"note: nanoGPT's best checkpoint is from iteration {ckpt['iter_num']}", file=sys.stderr)
+            model = theirs_mod.GPT(theirs_mod.GPTConfig(**ckpt["model_args"]))
+            model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+            whole_theirs.append(whole_split_loss(model, ckpt["model_args"]["block_size"]))
+
+            out_mine = Path(tmp) / f"fast{r}"
+            _, wall, _, rows = our_train(out_mine, ["--config", "shakespeare_char_fast"])
+            walls_mine.append(wall)
+            vals_mine.append([row for row in rows if row["kind"] == "eval"][-1]["val_loss"])
+            ckpt = checkpoint.load(out_mine / "ckpt.pt")
+            model = GPT(checkpoint.model_config(ckpt))
+            model.load_state_dict(ckpt["model"])
+            whole_mine.append(whole_split_loss(model, model.config.block_size))
+    med = statistics.median
+    return {"nanogpt_2000_iter_wall_s": med(walls_theirs), "ours_fast_wall_s": med(walls_mine),
+            "wall_ratio": med(walls_mine) / med(walls_theirs),
+            "nanogpt_val_loss": med(vals_theirs), "ours_fast_val_loss": med(vals_mine),
+            "nanogpt_whole_val_loss": med(whole_theirs), "ours_fast_whole_val_loss": med(whole_mine),
+            "rounds": {"nanogpt_wall_s": walls_theirs, "ours_wall_s": walls_mine}}
 
 
 def sampling(path: Path, rounds: int) -> dict:
     import torch
     sys.path.insert(0, str(ROOT))
     from gpt import GPT, GPTConfig
-    spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
-    theirs_mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(theirs_mod)
+    theirs_mod = nanogpt_model(path)
     shape = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
     torch.manual_seed(0)
     ours = GPT(GPTConfig(**shape)).eval()
@@ -132,6 +177,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", required=True, type=Path, help="a nanoGPT checkout")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quality_rounds", type=int, default=1, help="pairs of time-to-quality runs")
     parser.add_argument("--iters", type=int, default=300, help="iterations per throughput run")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
                                                    "throughput,quality,sampling")
@@ -145,7 +191,7 @@ def main() -> int:
     if "throughput" not in skip:
         result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters)
     if "quality" not in skip:
-        result["quality"] = time_to_quality(args.nanogpt)
+        result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:
         result["sampling"] = sampling(args.nanogpt, args.rounds)
     print(json.dumps(result, indent=1))
