@@ -1,10 +1,11 @@
 """Measure this project beside nanoGPT on the same machine, in the same run.
 
-    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--json FILE]
+    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--json FILE]
+    python benchmarks/compare_nanogpt.py --whole_val out/NAME/ckpt.pt [...]
 
 PATH is a checkout of github.com/karpathy/nanoGPT (the figures in README.md used commit 3adf61e).
 Nothing of it is imported into the project: its train.py runs as a separate process, and its
-model.py is loaded from PATH only to time its generate(). The two programs alternate, and medians
+model.py is loaded from PATH only to time its generate() and to score its checkpoint. The two programs alternate, and medians
 and ratios are reported, since timings on a small shared CPU drift by 10% or more.
 
 1. training throughput: nanoGPT's README CPU recipe (4 layers, 4 heads, 128 wide, block 64,
@@ -15,6 +16,8 @@ and ratios are reported, since timings on a small shared CPU drift by 10% or mor
 3. sampling: generate() on the shakespeare_char shape (6 layers, 6 heads, 384 wide, block 256)
    from a one-token prompt up to the block size, and 64 tokens past it, same weights in both;
 4. peak memory (max RSS) of the training processes of 1.
+
+--whole_val scores checkpoints of ours on the whole val split, the yardstick of 2.
 """
 
 from __future__ import annotations
@@ -175,7 +178,9 @@ def sampling(path: Path, rounds: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nanogpt", required=True, type=Path, help="a nanoGPT checkout")
+    parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout")
+    parser.add_argument("--whole_val", type=Path, nargs="+", metavar="CKPT",
+                        help="only print the whole-split val loss of these checkpoints of ours")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quality_rounds", type=int, default=1, help="pairs of time-to-quality runs")
     parser.add_argument("--iters", type=int, default=300, help="iterations per throughput run")
@@ -183,6 +188,17 @@ def main() -> int:
                                                    "throughput,quality,sampling")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.whole_val:
+        sys.path.insert(0, str(ROOT))
+        from gpt import GPT, checkpoint
+        for path in args.whole_val:
+            ckpt = checkpoint.load(path)
+            model = GPT(checkpoint.model_config(ckpt))
+            model.load_state_dict(ckpt["model"])
+            print(f"{path}: {whole_split_loss(model, model.config.block_size):.4f}")
+        return 0
+    if args.nanogpt is None:
+        parser.error("--nanogpt PATH is required")
     data = args.nanogpt / "data" / "shakespeare_char"
     if not (data / "train.bin").exists():
         sys.exit(f"prepare nanoGPT's data first: python {data / 'prepare.py'}")
