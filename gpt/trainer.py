@@ -29,7 +29,7 @@ from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
 from .model import GPT
-from .optim import AdamW
+from .optim import AdamW, clip_grad_norm
 
 
 class Diverged(UserError):
@@ -412,8 +412,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 torch.distributed.all_reduce(flags)
                 loss_sum, stopping = flags[0] / world, flags[1].item() > 0
             loss_value = loss_sum.item() / local_steps
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                raw_model.parameters(), cfg.grad_clip or float("inf")).item()
+            grad_norm = clip_grad_norm(raw_model.parameters(), cfg.grad_clip or float("inf"))
             if math.isfinite(loss_value) and math.isfinite(grad_norm):
                 optimizer.step()
                 tokens_since += tokens_per_iter

@@ -7,7 +7,7 @@ import torch
 from conftest import ROOT, tiny_args
 from gpt.config import GPTConfig, TrainConfig, UserError
 from gpt.model import GPT
-from gpt.optim import AdamW
+from gpt.optim import AdamW, clip_grad_norm
 from gpt.trainer import make_optimizer
 
 
@@ -109,3 +109,17 @@ def test_zero_grad_keeps_or_drops_gradients():
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     opt.zero_grad()
     assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3])
+def test_clip_grad_norm_matches_torch(max_norm):
+    ours, ref = _model(), _model()
+    for m in (ours, ref):
+        next(_losses(m, 1)).backward()
+    norm = clip_grad_norm(ours.parameters(), max_norm)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm).item()
+    assert norm == pytest.approx(ref_norm, rel=1e-6)
+    for a, b in zip(ours.parameters(), ref.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0)
+    clipped = sum(p.grad.pow(2).sum() for p in ours.parameters()).sqrt().item()
+    assert clipped == pytest.approx(min(norm, max_norm), rel=1e-4)
