@@ -89,19 +89,9 @@ def throughput(path: Path, rounds: int, iters: int) -> dict:
             "nanogpt_peak_rss_mb": max(rss_theirs), "ours_peak_rss_mb": max(rss_mine)}
 
 
-def whole_split_loss(model, block_size: int) -> float:
-    """Mean loss over the whole val split in non-overlapping windows: the same yardstick for both
-    programs, free of the sampling noise in either one's own 20-batch estimate."""
+def val_ids():
     import numpy as np
-    import torch
-    ids = np.fromfile(ROOT / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(np.int64)
-    n = (len(ids) - 1) // block_size
-    x = torch.from_numpy(ids[:n * block_size].reshape(n, block_size))
-    y = torch.from_numpy(ids[1:n * block_size + 1].reshape(n, block_size))
-    model.eval()
-    with torch.no_grad():
-        total = sum(model(x[i:i + 256], y[i:i + 256])[1].item() * len(x[i:i + 256]) for i in range(0, n, 256))
-    return total / n
+    return np.fromfile(ROOT / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16)
 
 
 def nanogpt_model(path: Path):
@@ -115,6 +105,7 @@ def time_to_quality(path: Path, rounds: int) -> dict:
     import torch
     sys.path.insert(0, str(ROOT))
     from gpt import GPT, checkpoint
+    from gpt.diagnostics import whole_split_loss
     theirs_mod = nanogpt_model(path)
     walls_theirs, walls_mine, vals_theirs, vals_mine, whole_theirs, whole_mine = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +119,7 @@ def time_to_quality(path: Path, rounds: int) -> dict:
                 print(f"note: nanoGPT's best checkpoint is from iteration {ckpt['iter_num']}", file=sys.stderr)
             model = theirs_mod.GPT(theirs_mod.GPTConfig(**ckpt["model_args"]))
             model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-            whole_theirs.append(whole_split_loss(model, ckpt["model_args"]["block_size"]))
+            whole_theirs.append(whole_split_loss(model, val_ids()))
 
             out_mine = Path(tmp) / f"fast{r}"
             _, wall, _, rows = our_train(out_mine, ["--config", "shakespeare_char_fast"])
@@ -137,7 +128,7 @@ def time_to_quality(path: Path, rounds: int) -> dict:
             ckpt = checkpoint.load(out_mine / "ckpt.pt")
             model = GPT(checkpoint.model_config(ckpt))
             model.load_state_dict(ckpt["model"])
-            whole_mine.append(whole_split_loss(model, model.config.block_size))
+            whole_mine.append(whole_split_loss(model, val_ids()))
     med = statistics.median
     return {"nanogpt_2000_iter_wall_s": med(walls_theirs), "ours_fast_wall_s": med(walls_mine),
             "wall_ratio": med(walls_mine) / med(walls_theirs),
@@ -191,11 +182,12 @@ def main() -> int:
     if args.whole_val:
         sys.path.insert(0, str(ROOT))
         from gpt import GPT, checkpoint
+        from gpt.diagnostics import whole_split_loss
         for path in args.whole_val:
             ckpt = checkpoint.load(path)
             model = GPT(checkpoint.model_config(ckpt))
             model.load_state_dict(ckpt["model"])
-            print(f"{path}: {whole_split_loss(model, model.config.block_size):.4f}")
+            print(f"{path}: {whole_split_loss(model, val_ids()):.4f}")
         return 0
     if args.nanogpt is None:
         parser.error("--nanogpt PATH is required")

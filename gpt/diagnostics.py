@@ -36,6 +36,22 @@ def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> f
     return float(-total / len(val_ids))
 
 
+@torch.no_grad()
+def whole_split_loss(model, ids, batch: int = 256) -> float:
+    """Mean loss over every token of ids in non-overlapping block_size windows: the whole split,
+    free of the sampling noise of a 20-batch estimate. model is any (idx, targets) -> (_, loss)."""
+    T = model.config.block_size
+    n = (len(ids) - 1) // T
+    x = torch.from_numpy(np.asarray(ids[:n * T], dtype=np.int64).reshape(n, T))
+    y = torch.from_numpy(np.asarray(ids[1:n * T + 1], dtype=np.int64).reshape(n, T))
+    was_training = model.training
+    model.eval()
+    total = sum(model(x[i:i + batch], y[i:i + batch])[1].item() * len(x[i:i + batch])
+                for i in range(0, n, batch))
+    model.train(was_training)
+    return total / n
+
+
 def position_similarity(h: torch.Tensor) -> float:
     """Mean cosine similarity between the vectors of different positions, h: (B, T, C).
     1 means every position carries the same vector."""

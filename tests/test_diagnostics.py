@@ -1,6 +1,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from conftest import tiny_args
 from gpt import inspect
 from gpt.config import GPTConfig
 from gpt.diagnostics import (attention_entropy, grad_depth, main as diagnostics_main, measure,
-                             position_similarity, unigram_loss, update_ratios)
+                             position_similarity, unigram_loss, update_ratios, whole_split_loss)
 from gpt.model import GPT
 from gpt.optim import AdamW
 
@@ -109,3 +110,17 @@ def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
     assert inspect.main(["attention", f"--out_dir={tmp_path}"]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_whole_split_loss_covers_every_window_once():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8)).train()
+    ids = np.random.default_rng(0).integers(0, 11, size=8 * 5 + 3).astype(np.uint16)
+    model.eval()
+    with torch.no_grad():
+        windows = [model(torch.tensor(ids[i:i + 8], dtype=torch.long)[None],
+                         torch.tensor(ids[i + 1:i + 9], dtype=torch.long)[None])[1].item()
+                   for i in range(0, 40, 8)]
+    model.train()
+    assert whole_split_loss(model, ids, batch=2) == pytest.approx(sum(windows) / 5, rel=1e-5)
+    assert model.training
