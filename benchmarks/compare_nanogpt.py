@@ -89,9 +89,11 @@ def throughput(path: Path, rounds: int, iters: int) -> dict:
             "nanogpt_peak_rss_mb": max(rss_theirs), "ours_peak_rss_mb": max(rss_mine)}
 
 
-def val_ids():
+def val_ids(data_dir: Path = ROOT / "data", dataset: str = "shakespeare_char"):
     import numpy as np
-    return np.fromfile(ROOT / "data" / "shakespeare_char" / "val.bin", dtype=np.uint16)
+    sys.path.insert(0, str(ROOT))
+    from gpt.data import ensure_prepared
+    return np.fromfile(ensure_prepared(str(data_dir), dataset) / "val.bin", dtype=np.uint16)
 
 
 def nanogpt_model(path: Path):
@@ -187,7 +189,8 @@ def main() -> int:
             ckpt = checkpoint.load(path)
             model = GPT(checkpoint.model_config(ckpt))
             model.load_state_dict(ckpt["model"])
-            print(f"{path}: {whole_split_loss(model, val_ids()):.4f}")
+            cfg = ckpt["train_config"]      # its own dataset; a relative data_dir is from here
+            print(f"{path}: {whole_split_loss(model, val_ids(Path(cfg['data_dir']), cfg['dataset'])):.4f}")
         return 0
     if args.nanogpt is None:
         parser.error("--nanogpt PATH is required")

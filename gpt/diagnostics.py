@@ -38,12 +38,14 @@ def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> f
 
 @torch.no_grad()
 def whole_split_loss(model, ids, batch: int = 256) -> float:
-    """Mean loss over every token of ids in non-overlapping block_size windows: the whole split,
-    free of the sampling noise of a 20-batch estimate. model is any (idx, targets) -> (_, loss)."""
+    """Mean loss over ids cut into non-overlapping block_size windows (a last partial window is
+    left out): the whole split, free of the sampling noise of a 20-batch estimate. model is any
+    module mapping (idx, targets) to (_, loss) with a config.block_size."""
     T = model.config.block_size
     n = (len(ids) - 1) // T
-    x = torch.from_numpy(np.asarray(ids[:n * T], dtype=np.int64).reshape(n, T))
-    y = torch.from_numpy(np.asarray(ids[1:n * T + 1], dtype=np.int64).reshape(n, T))
+    device = next(model.parameters()).device
+    x = torch.from_numpy(np.asarray(ids[:n * T], dtype=np.int64).reshape(n, T)).to(device)
+    y = torch.from_numpy(np.asarray(ids[1:n * T + 1], dtype=np.int64).reshape(n, T)).to(device)
     was_training = model.training
     model.eval()
     total = sum(model(x[i:i + batch], y[i:i + batch])[1].item() * len(x[i:i + batch])

@@ -1,3 +1,4 @@
+import math
 import subprocess
 import sys
 
@@ -77,18 +78,55 @@ def test_state_dict_round_trip_continues_exactly():
         assert torch.equal(a, b)
 
 
-def test_loads_torch_optim_state_and_refuses_another_models():
+def _torch_adamw(model, cfg):
+    return torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
+                              for g in make_optimizer(model, cfg).param_groups],
+                             lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), foreach=False)
+
+
+def test_torch_optim_state_loads_and_training_goes_on_the_same():
     cfg = TrainConfig(weight_decay=0.1, learning_rate=1e-2)
-    model = _model()
-    ref = torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]}
-                             for g in make_optimizer(model, cfg).param_groups], lr=1e-2)
-    _run(model, ref, 2, [1e-2] * 2)
+    ref_model = _model()
+    ref = _torch_adamw(ref_model, cfg)
+    _run(ref_model, ref, 2, [1e-2] * 2)
+    model = _model(seed=5)
+    model.load_state_dict(ref_model.state_dict())
     opt = make_optimizer(model, cfg)
     opt.load_state_dict(ref.state_dict())
-    assert torch.equal(opt.state[model.lm_head.weight]["exp_avg"], ref.state[model.lm_head.weight]["exp_avg"])
-    other = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=12, bias=True))
-    with pytest.raises(UserError, match="another model"):
-        make_optimizer(other, cfg).load_state_dict(opt.state_dict())
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        mine, theirs = opt.state[p], ref.state[q]
+        assert mine["step"].item() == theirs["step"].item() == 2
+        assert torch.equal(mine["exp_avg"], theirs["exp_avg"])
+        assert torch.equal(mine["exp_avg_sq"], theirs["exp_avg_sq"])
+    _run(model, opt, 3, [5e-3] * 3)
+    _run(ref_model, ref, 3, [5e-3] * 3)
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_parameter_without_saved_state_starts_fresh():
+    cfg = TrainConfig(weight_decay=0.1, learning_rate=1e-2)
+    model = _model()
+    opt = make_optimizer(model, cfg)
+    _run(model, opt, 2, [1e-2] * 2)
+    saved = opt.state_dict()
+    del saved["state"][0]           # as torch.optim saves a parameter that never had a gradient
+    fresh = make_optimizer(model, cfg)
+    fresh.load_state_dict(saved)
+    first, second = fresh.param_groups[0]["params"][:2]
+    assert fresh.state[first]["step"].item() == 0 and not fresh.state[first]["exp_avg"].any()
+    assert fresh.state[second]["step"].item() == 2 and fresh.state[second]["exp_avg"].any()
+
+
+def test_state_of_another_model_is_refused():
+    cfg = TrainConfig(weight_decay=0.1, learning_rate=1e-2)
+    state = make_optimizer(_model(), cfg).state_dict()
+    wider = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=12, bias=False))
+    with pytest.raises(UserError, match="has shape .* another model"):
+        make_optimizer(wider, cfg).load_state_dict(state)
+    with_bias = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8, bias=True))
+    with pytest.raises(UserError, match="groups of sizes .* another model"):
+        make_optimizer(with_bias, cfg).load_state_dict(state)
 
 
 def test_training_does_not_import_the_compiler(data_dir, tmp_path):
@@ -111,7 +149,7 @@ def test_zero_grad_keeps_or_drops_gradients():
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("max_norm", [1e-3, 1e3])
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3, float("inf")])
 def test_clip_grad_norm_matches_torch(max_norm):
     ours, ref = _model(), _model()
     for m in (ours, ref):
@@ -123,3 +161,12 @@ def test_clip_grad_norm_matches_torch(max_norm):
         assert torch.allclose(a.grad, b.grad, rtol=1e-6, atol=0)
     clipped = sum(p.grad.pow(2).sum() for p in ours.parameters()).sqrt().item()
     assert clipped == pytest.approx(min(norm, max_norm), rel=1e-4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_clip_grad_norm_reports_a_nonfinite_norm(bad):
+    model = _model()
+    next(_losses(model, 1)).backward()
+    model.lm_head.weight.grad[0, 0] = bad
+    norm = clip_grad_norm(model.parameters(), 1.0)
+    assert not math.isfinite(norm)        # the trainer skips such a step on this value
