@@ -370,7 +370,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 elapsed = time.perf_counter() - tick
                 row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
                        "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0,
-                       "unigram_loss": unigram}
+                       "elapsed_s": time.perf_counter() - t_start, "unigram_loss": unigram}
                 if cfg.diagnostics:
                     x, y = batches.evenly_spaced("val", 1)
                     row.update(measure_diagnostics(raw_model, x[0], y[0], optimizer))

@@ -53,7 +53,8 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     evals = read_metrics(out, "eval")
     assert [e["iter"] for e in evals] == [0, 10, 20, 30]
     for e in evals:
-        assert {"train_loss", "val_loss", "lr", "tokens_per_sec"} <= e.keys()
+        assert {"train_loss", "val_loss", "lr", "tokens_per_sec", "elapsed_s"} <= e.keys()
+    assert all(0 < a["elapsed_s"] < b["elapsed_s"] for a, b in zip(evals, evals[1:]))
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
     assert len(read_metrics(out, "train")) == 30
     for name in ("ckpt.pt", "ckpt_best.pt", "config.json", "command.txt"):
