@@ -30,14 +30,11 @@ def sample(cfg: SampleConfig):
 
     from gpt import checkpoint
     from gpt.data import tokenizer_from_meta
-    from gpt.model import GPT
     from gpt.trainer import resolve_device
 
     device = resolve_device(cfg.device)
     ckpt = checkpoint.load(Path(cfg.out_dir) / "ckpt.pt", map_location=device)
-    model = GPT(checkpoint.model_config(ckpt))
-    model.load_state_dict(ckpt["model"])
-    model.to(device).eval()
+    model = checkpoint.load_model(ckpt).to(device).eval()
     tok = tokenizer_from_meta(ckpt["meta"])
     prompt = cfg.start
     if prompt.startswith("FILE:"):

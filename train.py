@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = trainer.train(model_cfg, train_cfg, argv)
     except trainer.Diverged as e:
         print(f"error: {e}", file=sys.stderr)
-        return sweep.DIVERGED_EXIT
+        return trainer.DIVERGED_EXIT
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

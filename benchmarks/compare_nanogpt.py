@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that is not installed
 RECIPE = ["--device=cpu", "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
           "--n_layer=4", "--n_head=4", "--n_embd=128", "--lr_decay_iters=2000", "--dropout=0.0"]
 SKIP = 10   # iterations left out of the median: start-up effects
@@ -62,8 +63,9 @@ def nanogpt_train(path: Path, iters: int, extra=()) -> tuple[list[float], float,
 
 
 def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float, list[dict]]:
+    from gpt.trainer import read_jsonl
     _, wall, rss = timed([sys.executable, "train.py", f"--out_dir={out_dir}", *args], ROOT)
-    rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out_dir / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
     return ms, wall, rss, rows
 
@@ -91,7 +93,6 @@ def throughput(path: Path, rounds: int, iters: int) -> dict:
 
 def val_ids(data_dir: Path = ROOT / "data", dataset: str = "shakespeare_char"):
     import numpy as np
-    sys.path.insert(0, str(ROOT))
     from gpt.data import ensure_prepared
     return np.fromfile(ensure_prepared(str(data_dir), dataset) / "val.bin", dtype=np.uint16)
 
@@ -105,10 +106,10 @@ def nanogpt_model(path: Path):
 
 def time_to_quality(path: Path, rounds: int) -> dict:
     import torch
-    sys.path.insert(0, str(ROOT))
-    from gpt import GPT, checkpoint
+    from gpt import checkpoint
     from gpt.diagnostics import whole_split_loss
     theirs_mod = nanogpt_model(path)
+    ids = val_ids()
     walls_theirs, walls_mine, vals_theirs, vals_mine, whole_theirs, whole_mine = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
@@ -121,16 +122,14 @@ def time_to_quality(path: Path, rounds: int) -> dict:
                 print(f"note: nanoGPT's best checkpoint is from iteration {ckpt['iter_num']}", file=sys.stderr)
             model = theirs_mod.GPT(theirs_mod.GPTConfig(**ckpt["model_args"]))
             model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-            whole_theirs.append(whole_split_loss(model, val_ids()))
+            whole_theirs.append(whole_split_loss(model, ids))
 
             out_mine = Path(tmp) / f"fast{r}"
             _, wall, _, rows = our_train(out_mine, ["--config", "shakespeare_char_fast"])
             walls_mine.append(wall)
             vals_mine.append([row for row in rows if row["kind"] == "eval"][-1]["val_loss"])
-            ckpt = checkpoint.load(out_mine / "ckpt.pt")
-            model = GPT(checkpoint.model_config(ckpt))
-            model.load_state_dict(ckpt["model"])
-            whole_mine.append(whole_split_loss(model, val_ids()))
+            model = checkpoint.load_model(checkpoint.load(out_mine / "ckpt.pt"))
+            whole_mine.append(whole_split_loss(model, ids))
     med = statistics.median
     return {"nanogpt_2000_iter_wall_s": med(walls_theirs), "ours_fast_wall_s": med(walls_mine),
             "wall_ratio": med(walls_mine) / med(walls_theirs),
@@ -141,7 +140,6 @@ def time_to_quality(path: Path, rounds: int) -> dict:
 
 def sampling(path: Path, rounds: int) -> dict:
     import torch
-    sys.path.insert(0, str(ROOT))
     from gpt import GPT, GPTConfig
     theirs_mod = nanogpt_model(path)
     shape = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=65, bias=False, dropout=0.0)
@@ -182,13 +180,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.whole_val:
-        sys.path.insert(0, str(ROOT))
-        from gpt import GPT, checkpoint
+        from gpt import checkpoint
         from gpt.diagnostics import whole_split_loss
         for path in args.whole_val:
             ckpt = checkpoint.load(path)
-            model = GPT(checkpoint.model_config(ckpt))
-            model.load_state_dict(ckpt["model"])
+            model = checkpoint.load_model(ckpt)
             cfg = ckpt["train_config"]      # its own dataset; a relative data_dir is from here
             print(f"{path}: {whole_split_loss(model, val_ids(Path(cfg['data_dir']), cfg['dataset'])):.4f}")
         return 0

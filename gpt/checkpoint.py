@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, UserError, build
+from .model import GPT
 
 FORMAT = "gpt-checkpoint-1"
 
@@ -34,12 +35,14 @@ def save(obj: dict, path: Path) -> None:
         os.close(dir_fd)
 
 
-def load(path: Path, map_location="cpu") -> dict:
+def load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
+    """The checkpoint at path. mmap=True maps the tensors instead of reading them: for callers
+    that want only its plain values (configs, iteration)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         if "weights_only" in str(e) or "Unsupported" in str(e):
@@ -56,3 +59,10 @@ def load(path: Path, map_location="cpu") -> dict:
 
 def model_config(ckpt: dict) -> GPTConfig:
     return build(GPTConfig, ckpt["model_config"])
+
+
+def load_model(ckpt: dict) -> GPT:
+    """The model a checkpoint describes, rebuilt from its config alone, with its weights."""
+    model = GPT(model_config(ckpt))
+    model.load_state_dict(ckpt["model"])
+    return model

@@ -30,11 +30,8 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
 
     from . import checkpoint
     from .data import tokenizer_from_meta
-    from .model import GPT
     ckpt = checkpoint.load(out_dir / "ckpt.pt")
-    model = GPT(checkpoint.model_config(ckpt))
-    model.load_state_dict(ckpt["model"])
-    model.eval()
+    model = checkpoint.load_model(ckpt).eval()
     tok = tokenizer_from_meta(ckpt["meta"])
     ids = tok.encode(prompt)[-model.config.block_size:]
     if not ids:

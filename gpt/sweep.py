@@ -27,10 +27,9 @@ from . import checkpoint
 from .config import GPTConfig, SweepConfig, TrainConfig, UserError, build
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import read_jsonl
+from .trainer import DIVERGED_EXIT, read_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DIVERGED_EXIT = 3       # train.py's exit status when the loss became nan or inf
 
 
 @dataclass
@@ -94,7 +93,7 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
     if not path.exists():
         return False
     try:
-        return checkpoint.load(path)["iter"] >= max_iters
+        return checkpoint.load(path, mmap=True)["iter"] >= max_iters
     except UserError:
         return False
 

@@ -36,6 +36,9 @@ class Diverged(UserError):
     """The loss or the gradient became nan or inf."""
 
 
+DIVERGED_EXIT = 3       # train.py's exit status for Diverged, so a sweep can tell it from a failure
+
+
 # ---------------------------------------------------------------- pieces
 
 def keep_freed_memory() -> None:
@@ -221,7 +224,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
         path = Path(train_cfg.out_dir) / "ckpt.pt"
         if not path.exists():
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
-        ckpt = checkpoint.load(path)
+        ckpt = checkpoint.load(path, mmap=True)     # only its configs are needed here
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         train_cfg = build(TrainConfig, values, base=base_train)
     return build(GPTConfig, values, base=base_model), train_cfg

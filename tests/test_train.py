@@ -114,6 +114,6 @@ def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     ckpt = checkpoint.load(out / "ckpt.pt")
     cfg = checkpoint.model_config(ckpt)
     assert (cfg.pos_encoding, cfg.norm_type, cfg.n_layer) == ("rope", "rmsnorm", 2)
-    model = GPT(cfg)
-    model.load_state_dict(ckpt["model"])
+    model = checkpoint.load_model(ckpt)
+    assert model.config == cfg
     assert ckpt["meta"]["tokenizer"] == "char"
