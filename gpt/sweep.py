@@ -24,12 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoint
-from .config import GPTConfig, SweepConfig, TrainConfig, UserError, build
+from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import DIVERGED_EXIT, read_jsonl
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -93,7 +91,7 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
     if not path.exists():
         return False
     try:
-        return checkpoint.load(path, mmap=True)["iter"] >= max_iters
+        return checkpoint.load(path, mmap=True, needs=("iter",))["iter"] >= max_iters
     except UserError:
         return False
 
@@ -105,6 +103,7 @@ def run(args, argv: list[str]) -> int:
     # absolute, because each run's process starts in the repository root
     out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
     values["out_dir"] = str(out_dir)
+    values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
     runs = expand(args.sweep, sweep_cfg.seeds, base_seed, out_dir)
     run_cfgs = _check_grid(args, values, runs)
@@ -127,10 +126,10 @@ def run(args, argv: list[str]) -> int:
     for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
         ensure_prepared(*cfg)                        # once, not by every run at once
     for r, cfg in zip(runs, run_cfgs):
-        if not (r.folder / "result.json").exists() and _finished_by_checkpoint(r, cfg.max_iters):
+        if not _done(r.folder) and _finished_by_checkpoint(r, cfg.max_iters):
             (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
                                                               "wall_s": math.nan}))
-    todo = [r for r in runs if not (r.folder / "result.json").exists()]
+    todo = [r for r in runs if not _done(r.folder)]      # failed runs are tried again
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
           f"{sweep_cfg.jobs} at a time, in {out_dir}")
     threads = max(1, (os.cpu_count() or 1) // sweep_cfg.jobs)
@@ -166,6 +165,12 @@ def run(args, argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     report(out_dir)
+    failed = [r for r in runs if not _done(r.folder)]
+    if failed:
+        print(f"{len(failed)} of {len(runs)} runs failed (see log.txt in their folders, e.g. "
+              f"{failed[0].folder / 'log.txt'}); run the same command again to retry them",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -173,13 +178,18 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _done(folder: Path) -> bool:
+    """Finished or diverged: a failed run (a crash, a bad grid point) is worth another try."""
+    path = folder / "result.json"
+    return path.exists() and _read_json(path).get("status") in ("finished", "diverged")
+
+
 def _record(entry, returncode: int, done: int, total: int) -> None:
     run, started, log = entry
     log.close()
     status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
-    if status != "failed":            # a failed run is tried again by the next start
-        (run.folder / "result.json").write_text(json.dumps(result))
+    (run.folder / "result.json").write_text(json.dumps(result))
     final = _final_eval(run.folder)
     val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
@@ -251,11 +261,12 @@ def summarize(rows: list[dict]) -> list[dict]:
     the first setting (the baseline) by more than two standard errors of the difference."""
     out = []
     for label, group in by_setting(rows).items():
-        ran = [r for r in group if r["status"] != "not run"]
+        ran = [r for r in group if r["status"] in ("finished", "diverged")]
         # diverged runs are counted apart: their last finite loss is not a final loss
         finite = [r["final_val_loss"] for r in ran if r["status"] == "finished" and not r["diverged"]
                   and math.isfinite(r["final_val_loss"])]
         out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
+                    "failed": sum(r["status"] == "failed" for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
                     "n": len(finite)})
@@ -263,8 +274,12 @@ def summarize(rows: list[dict]) -> list[dict]:
     for s in out:
         if s is base:
             s["vs_baseline"] = "baseline"
+        elif not s["n"]:
+            s["vs_baseline"] = "no result"
+        elif not base["n"]:
+            s["vs_baseline"] = "baseline has no result"
         elif s["n"] < 2 or base["n"] < 2:
-            s["vs_baseline"] = "needs 2+ seeds" if s["n"] else "no result"
+            s["vs_baseline"] = "needs 2+ seeds"
         else:
             noise = 2 * math.sqrt(s["std"] ** 2 / s["n"] + base["std"] ** 2 / base["n"])
             diff = s["mean"] - base["mean"]
@@ -279,7 +294,8 @@ def summary_table(summary: list[dict]) -> str:
     for s in summary:
         std = f" ± {s['std']:.3f}" if math.isfinite(s["std"]) else ""
         mean = f"{s['mean']:.3f}{std}" if math.isfinite(s["mean"]) else "—"
-        lines.append(f"| {s['setting']} | {s['runs']} | {mean} | {s['diverged']} | {s['vs_baseline']} |")
+        runs = f"{s['runs']} ({s['failed']} failed)" if s["failed"] else str(s["runs"])
+        lines.append(f"| {s['setting']} | {runs} | {mean} | {s['diverged']} | {s['vs_baseline']} |")
     return "\n".join(lines)
 
 

@@ -43,7 +43,8 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
                                                                       ("false", "1337", "finished")]
     for r in rows:
         assert math.isfinite(float(r["final_val_loss"])) and float(r["tokens_per_sec"]) > 0
-        assert float(r["best_val_loss"]) <= float(r["final_val_loss"])
+        evals = [json.loads(line) for line in open(out / f"residual={r['residual']}__seed=1337" / "metrics.jsonl")]
+        assert float(r["best_val_loss"]) == pytest.approx(min(e["val_loss"] for e in evals if e["kind"] == "eval"))
         assert r["diverged"] == "False"
     summary = (out / "summary.md").read_text()
     assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary
@@ -127,3 +128,40 @@ def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, ca
         (out / name / "result.json").unlink()
     assert train.main(argv) == 0
     assert "2 runs (2 already finished)" in capsys.readouterr().out
+
+
+def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "block_size=16,4000")
+    assert train.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "| block_size=4000 | 0 (1 failed) | — | 0 | no result |" in captured.out
+    assert "1 of 2 runs failed" in captured.err and "block_size=4000__seed=1337/log.txt" in captured.err
+    assert "too few for block_size=4000" in (out / "block_size=4000__seed=1337" / "log.txt").read_text()
+    rows = {r["block_size"]: r["status"] for r in csv.DictReader(open(out / "sweep.csv"))}
+    assert rows == {"16": "finished", "4000": "failed"}
+    assert train.main(argv) == 1                               # the failed run alone is tried again
+    assert "2 runs (1 already finished)" in capsys.readouterr().out
+
+
+def test_a_relative_data_dir_is_read_from_where_the_sweep_starts(data_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(data_dir.parent)
+    argv = tiny_args(Path("data"), tmp_path / "sw", "--max_iters=2", "--eval_interval=2",
+                     "--sweep", "residual=true")
+    assert train.main(argv) == 0
+    assert json.loads((tmp_path / "sw" / "residual=true__seed=1337" / "result.json").read_text())[
+        "status"] == "finished"
+
+
+def test_a_sweep_axis_with_no_values_is_refused(tmp_path, capsys):
+    config = tmp_path / "empty.toml"
+    config.write_text("max_iters = 2\n[sweep]\nn_head = []\n")
+    assert train.main(["--config", str(config)]) == 2
+    assert "[sweep] n_head = [] lists no values" in capsys.readouterr().err
+
+
+def test_a_baseline_without_results_is_named_as_the_reason():
+    rows = [{"_setting": "a", "final_val_loss": math.nan, "status": "diverged", "diverged": True}]
+    rows += [{"_setting": "b", "final_val_loss": v, "status": "finished", "diverged": False}
+             for v in (2.0, 2.1)]
+    assert sweep.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
