@@ -2,6 +2,7 @@
 
 The checkpoint carries the model's config and vocabulary, so nothing else is needed."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:     # the reader went away (| head): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing left to flush
     return 0
 
 
@@ -29,13 +34,10 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
-    from gpt.data import tokenizer_from_meta
     from gpt.trainer import resolve_device
 
     device = resolve_device(cfg.device)
-    ckpt = checkpoint.load(Path(cfg.out_dir) / "ckpt.pt", map_location=device)
-    model = checkpoint.load_model(ckpt).to(device).eval()
-    tok = tokenizer_from_meta(ckpt["meta"])
+    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device)
     prompt = cfg.start
     if prompt.startswith("FILE:"):
         path = Path(prompt[5:])

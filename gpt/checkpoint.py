@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -35,25 +36,36 @@ def save(obj: dict, path: Path) -> None:
         os.close(dir_fd)
 
 
-def load(path: Path, map_location="cpu", mmap: bool = False) -> dict:
-    """The checkpoint at path. mmap=True maps the tensors instead of reading them: for callers
-    that want only its plain values (configs, iteration)."""
+# what sampling needs; resuming needs the rest of what trainer.train saves as well
+MODEL_KEYS = ("model", "model_config", "meta")
+RESUME_KEYS = (*MODEL_KEYS, "train_config", "optimizer", "iter", "best_val_loss",
+               "last_eval_iter", "rng", "batch_rng")
+
+
+def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -> dict:
+    """The checkpoint at path, holding at least the keys `needs`. mmap=True maps the tensors
+    instead of reading them: for callers that want only its plain values (configs, iteration)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if "weights_only" in str(e) or "Unsupported" in str(e):
-            raise UserError(f"{path} holds pickled Python objects and was refused unloaded "
-                            f"(only tensors and plain values are allowed): {first}") from None
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt): {first}") from None
+        # torch names the class a refused global would build; anything else is a broken file
+        refused = re.search(r"GLOBAL (\S+)", str(e))
+        if refused:
+            raise UserError(f"{path} holds a pickled Python object ({refused.group(1)}) and was not "
+                            "loaded: only tensors and plain values are allowed") from None
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt)") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt): "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path} is not a checkpoint of this project (no '{FORMAT}' marker)")
+    missing = [k for k in needs if k not in ckpt]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}: it was written by another version of "
+                        "this project")
     return ckpt
 
 
@@ -64,5 +76,17 @@ def model_config(ckpt: dict) -> GPTConfig:
 def load_model(ckpt: dict) -> GPT:
     """The model a checkpoint describes, rebuilt from its config alone, with its weights."""
     model = GPT(model_config(ckpt))
-    model.load_state_dict(ckpt["model"])
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        detail = " ".join(str(e).split())
+        raise UserError(f"the checkpoint's weights do not fit its own model config, so it was written "
+                        f"by another version of this project ({detail[:300]})") from None
     return model
+
+
+def load_for_sampling(out_dir: Path, device="cpu"):
+    """(model in eval mode on device, tokenizer) of the run in out_dir."""
+    from .data import tokenizer_from_meta
+    ckpt = load(Path(out_dir) / "ckpt.pt", map_location=device)
+    return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

@@ -50,7 +50,12 @@ class TiktokenTokenizer:
     def __init__(self, encoding: str = "gpt2"):
         import tiktoken
         self.encoding_name = encoding
-        self.enc = tiktoken.get_encoding(encoding)
+        try:
+            self.enc = tiktoken.get_encoding(encoding)
+        except OSError as e:    # requests' network errors are OSErrors too
+            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({type(e).__name__}); "
+                            "connect to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that "
+                            "holds them") from None
 
     @property
     def vocab_size(self) -> int:
@@ -173,7 +178,7 @@ class Batches:
             if size % 2:
                 raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
             ids = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
-            if len(ids) <= block_size + 1:
+            if len(ids) < block_size + 1:
                 raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
                                 f"block_size={block_size}; lower block_size or use more text")
             if vocab_size is not None and len(ids) and int(ids.max()) >= vocab_size:

@@ -29,10 +29,7 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     import torch
 
     from . import checkpoint
-    from .data import tokenizer_from_meta
-    ckpt = checkpoint.load(out_dir / "ckpt.pt")
-    model = checkpoint.load_model(ckpt).eval()
-    tok = tokenizer_from_meta(ckpt["meta"])
+    model, tok = checkpoint.load_for_sampling(out_dir)
     ids = tok.encode(prompt)[-model.config.block_size:]
     if not ids:
         raise UserError("--start is empty; give the prompt whose attention to draw")

@@ -96,3 +96,12 @@ def test_block_size_longer_than_the_data(tmp_path):
     prepare("abcdefghij" * 3, tmp_path)
     with pytest.raises(UserError, match=r"val split .* has 3 tokens, too few for block_size=16"):
         Batches(tmp_path, 16, 2, "cpu", 0)
+
+
+def test_a_split_of_block_size_plus_one_tokens_has_its_one_window(tmp_path):
+    prepare("abcdefghij" * 3, tmp_path)         # 27 train tokens, 3 val tokens: "hij"
+    batches = Batches(tmp_path, 2, 4, "cpu", 0)
+    x, y = batches.evenly_spaced("val", 1)
+    assert x.tolist() == [[[7, 8]] * 4] and y.tolist() == [[[8, 9]] * 4]
+    with pytest.raises(UserError, match="has 3 tokens, too few for block_size=3"):
+        Batches(tmp_path, 3, 4, "cpu", 0)
