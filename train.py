@@ -5,7 +5,7 @@ a sweep config, runs the whole grid (see gpt.sweep)."""
 
 import sys
 
-from gpt.config import SECTIONS, UserError, help_text, parse_argv
+from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt import sweep, trainer
     try:
         args = parse_argv(argv)
-        if args.sweep or args.values.get("seeds", 1) > 1:
+        if args.sweep or build(SweepConfig, args.values).seeds > 1:    # built to check seeds, jobs
             return sweep.run(args, argv)
         model_cfg, train_cfg = trainer.configs_for_run(args.values)
         summary = trainer.train(model_cfg, train_cfg, argv)
@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
+        print("interrupted; a checkpoint already saved is whole, and --resume continues from it",
+              file=sys.stderr)
+        return 130
     return 130 if summary["stopped_by"] else 0
 
 

@@ -27,7 +27,7 @@ from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, pa
 from .model import GPT
 from .data import load_meta
 from .diagnostics import measure
-from .trainer import autocast_dtype, read_jsonl, resolve_device, train
+from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
 
 GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
                  "4090": 165e12, "3090": 71e12}
@@ -86,8 +86,7 @@ def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= bench.bench_warmup]
     median = statistics.median(ms)
-    tokens = train_cfg.batch_size * train_cfg.gradient_accumulation_steps * model_cfg.block_size
-    return {"ms_per_iter": median, "tokens_per_sec": tokens / median * 1000}
+    return {"ms_per_iter": median, "tokens_per_sec": tokens_per_step(model_cfg, train_cfg) / median * 1000}
 
 
 def time_diagnostics(model: GPT, batch_size: int, device: str) -> float:

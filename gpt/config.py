@@ -55,7 +55,7 @@ class GPTConfig:
     n_head: int = opt(6, "attention heads per block")
     n_embd: int = opt(384, "width of the residual stream")
     n_kv_head: int = opt(0, "key/value heads; 0 means n_head, fewer gives grouped-query attention")
-    dropout: float = opt(0.0, "dropout on attention weights and on each residual branch")
+    dropout: float = opt(0.0, "dropout on the embeddings, the attention weights and each residual branch")
     bias: bool = opt(True, "biases in Linear layers and LayerNorms")
     pos_encoding: str = opt("learned", "how positions enter: learned table, fixed sinusoids "
                             "(Vaswani 2017), rotary (Su 2021), ALiBi bias (Press 2021), or none",
@@ -108,7 +108,7 @@ class TrainConfig:
     max_iters: int = opt(5000, "optimizer steps to train for")
     learning_rate: float = opt(1e-3, "peak learning rate")
     min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay")
-    warmup_iters: int = opt(100, "steps of linear warmup from 0 to learning_rate")
+    warmup_iters: int = opt(100, "steps of linear warmup up to learning_rate")
     lr_decay_iters: int = opt(5000, "step at which the cosine decay reaches min_lr")
     decay_lr: bool = opt(True, "cosine decay after warmup; false keeps learning_rate constant")
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
@@ -137,6 +137,9 @@ class TrainConfig:
             raise UserError(f"seed={self.seed} must be in [0, 2**32)")
         if self.min_lr > self.learning_rate:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
+        if self.decay_lr and self.lr_decay_iters < self.warmup_iters:
+            raise UserError(f"lr_decay_iters={self.lr_decay_iters} is before the end of warmup_iters="
+                            f"{self.warmup_iters}; the decay would start with a drop to min_lr")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
@@ -264,7 +267,10 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
         if key in SweepConfig.__dataclass_fields__:
             values[key] = convert(key, value)
         else:
-            sweep[key] = [convert(key, v) for v in (value if isinstance(value, list) else [value])]
+            listed = value if isinstance(value, list) else [value]
+            if not listed:
+                raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
+            sweep[key] = [convert(key, v) for v in listed]
     return values, sweep
 
 

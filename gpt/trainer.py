@@ -1,8 +1,9 @@
 """The training loop: AdamW, warmup + cosine decay, accumulation, clipping, evaluation,
 checkpoints, metrics.jsonl, and resuming exactly where a run stopped.
 
-One optimizer step draws all of its micro-batches at once from a seeded generator, so a step
-is the same whether it runs in one process or is split over several (DDP).
+One optimizer step draws all of its micro-batches at once from a seeded generator, and each
+micro-batch's dropout is seeded from its place in the run, so a step is the same whether it runs
+in one process or is split over several (DDP), and the same after a resume.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
-    """Linear warmup from 0 to learning_rate over warmup_iters, then cosine decay to min_lr at
-    lr_decay_iters, then min_lr."""
+    """Linear warmup over the first warmup_iters steps (step i uses (i + 1) / warmup_iters of
+    learning_rate), then cosine decay to min_lr at lr_decay_iters, then min_lr."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / cfg.warmup_iters
     if not cfg.decay_lr:
@@ -91,6 +92,10 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
         return cfg.min_lr
     progress = (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def tokens_per_step(model_cfg: GPTConfig, cfg: TrainConfig) -> int:
+    return cfg.gradient_accumulation_steps * cfg.batch_size * model_cfg.block_size
 
 
 def make_optimizer(model: GPT, cfg: TrainConfig) -> AdamW:
@@ -192,11 +197,13 @@ def start_wandb(cfg: TrainConfig, config: dict):
 
 
 class StopRequest:
-    """Turns the first Ctrl-C or SIGTERM into a flag the loop checks after each step."""
+    """Turns the first Ctrl-C or SIGTERM into a flag the loop checks after each step. A second one
+    stops at once, except while a checkpoint is being written: it then waits for the file."""
 
     def __init__(self):
         self.signal = None
         self.previous = {}
+        self.holding, self.pending = False, False
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -204,9 +211,23 @@ class StopRequest:
         return self
 
     def _handle(self, signum, frame):
-        if self.signal is not None:          # a second signal: stop now
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
+        elif self.holding:
+            self.pending = True
+        else:
             raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
+
+    @contextlib.contextmanager
+    def hold(self):
+        """Let no second signal cut the block short; it takes effect when the block ends."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending:
+                raise KeyboardInterrupt
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
@@ -224,7 +245,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
         path = Path(train_cfg.out_dir) / "ckpt.pt"
         if not path.exists():
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
-        ckpt = checkpoint.load(path, mmap=True)     # only its configs are needed here
+        ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         train_cfg = build(TrainConfig, values, base=base_train)
     return build(GPTConfig, values, base=base_model), train_cfg
@@ -301,15 +322,17 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)
 
-    start_iter, best_val, last_eval, last_saved = 0, float("inf"), -1, None
+    start_iter, best_val, last_eval, last_saved, elapsed_before = 0, float("inf"), -1, None, 0.0
     metrics_path = out_dir / "metrics.jsonl"
     if cfg.resume:
-        ckpt = checkpoint.load(out_dir / "ckpt.pt")      # on the CPU: RNG states must stay there
+        # on the CPU: RNG states must stay there
+        ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
         _check_resume(ckpt, model_cfg, meta)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
         last_saved = start_iter
+        elapsed_before = ckpt.get("elapsed_s", 0.0)     # absent from checkpoints of older versions
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         if start_iter >= cfg.max_iters:
@@ -337,15 +360,28 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
     local_steps = cfg.gradient_accumulation_steps // world
-    tokens_per_iter = cfg.gradient_accumulation_steps * cfg.batch_size * model_cfg.block_size
+    tokens_per_iter = tokens_per_step(model_cfg, cfg)
+
+    stop = StopRequest()
+
+    def elapsed() -> float:
+        """Seconds of training so far, earlier runs of a resumed one included."""
+        return elapsed_before + time.perf_counter() - t_start
 
     def save(name: str, it: int) -> None:
-        checkpoint.save({
-            "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-            "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
-            "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
-            "rng": rng_state(device), "batch_rng": batches.state(),
-        }, out_dir / name)
+        with stop.hold():
+            checkpoint.save({
+                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
+                "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
+                "rng": rng_state(device), "batch_rng": batches.state(), "elapsed_s": elapsed(),
+            }, out_dir / name)
+
+    def diverged(what: str, it: int) -> Diverged:
+        kept = ("no checkpoint had been saved yet" if last_saved is None else
+                f"{out_dir / 'ckpt.pt'} keeps the last good state (iteration {last_saved})")
+        return Diverged(f"{what} at iteration {it}; stopped, and {kept}. Lower --learning_rate, "
+                        "or pass --skip_nonfinite=true to skip such steps")
 
     @torch.no_grad()
     def evaluate() -> dict:
@@ -366,24 +402,31 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     t_start = step_end = time.perf_counter()
     bar = tqdm(total=cfg.max_iters, initial=start_iter, disable=not master or None,
                dynamic_ncols=True, desc=out_dir.name)
-    with StopRequest() as stop, contextlib.closing(bar):
+    with stop, contextlib.closing(bar):
         it = start_iter
         while True:
             lr = lr_at(it, cfg)
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != last_eval:
-                elapsed = time.perf_counter() - tick
+                since_tick = time.perf_counter() - tick
                 row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
-                       "tokens_per_sec": tokens_since / elapsed if tokens_since else 0.0,
-                       "elapsed_s": time.perf_counter() - t_start, "unigram_loss": unigram}
+                       "tokens_per_sec": tokens_since / since_tick if tokens_since else 0.0,
+                       "elapsed_s": elapsed(), "unigram_loss": unigram}
                 if cfg.diagnostics:
                     x, y = batches.evenly_spaced("val", 1)
                     row.update(measure_diagnostics(raw_model, x[0], y[0], optimizer))
                 last_eval = it
+                finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
                 if master:
                     metrics.log(row)
                     bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
                               f"(unigram level {unigram:.2f}), lr {lr:.2e}, "
                               f"{row['tokens_per_sec']:,.0f} tokens/s")
+                if not finite:      # weights gone bad: saving them would replace the last good ones
+                    if master:
+                        metrics.log({"kind": "event", "iter": it, "event": "nonfinite evaluation"})
+                    if not cfg.skip_nonfinite:
+                        raise diverged(f"the evaluation loss became {row['val_loss']}", it)
+                elif master:
                     if row["val_loss"] < best_val:
                         best_val = row["val_loss"]
                         if it > 0:          # an untrained model is not worth a file
@@ -406,6 +449,9 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             for micro in range(local_steps):
                 if world > 1:   # one gradient all-reduce per step, not one per micro-step
                     model.require_backward_grad_sync = micro == local_steps - 1
+                # dropout masks depend on the micro-batch's place in the run alone (see the top)
+                torch.manual_seed((cfg.seed << 32) + it * cfg.gradient_accumulation_steps
+                                  + rank * local_steps + micro)
                 with autocast:
                     _, loss = model(xs[micro], ys[micro])
                 (loss / local_steps).backward()
@@ -425,11 +471,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
                                  "loss": str(loss_value), "grad_norm": str(grad_norm)})
                 if not cfg.skip_nonfinite:
-                    kept = ("no checkpoint had been saved yet" if last_saved is None else
-                            f"{out_dir / 'ckpt.pt'} keeps the last good state (iteration {last_saved})")
-                    raise Diverged(f"loss became {loss_value} (gradient norm {grad_norm}) at "
-                                   f"iteration {it}; stopped, and {kept}. Lower --learning_rate, "
-                                   "or pass --skip_nonfinite=true to skip such steps")
+                    raise diverged(f"loss became {loss_value} (gradient norm {grad_norm})", it)
                 skipped += 1
             optimizer.zero_grad(set_to_none=True)
             # a step's time runs from the previous step's end: logging and the bar count too

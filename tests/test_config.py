@@ -36,7 +36,13 @@ def test_every_shipped_config_loads(name):
         for option in options:           # every grid point must be a valid config too
             build(GPTConfig, {**values, axis: option})
             build(TrainConfig, {**values, axis: option})
-    assert len(list(CONFIG_DIR.rglob("*.toml"))) == len(available_configs())
+
+
+def test_the_config_list_reaches_into_subfolders():
+    names = available_configs()
+    assert {"shakespeare_char", "shakespeare_char_cpu", "shakespeare_char_fast", "shakespeare",
+            "sweeps/norm_residual"} <= set(names)
+    assert all((CONFIG_DIR / f"{n}.toml").is_file() for n in names)
 
 
 @pytest.mark.parametrize("argv, message", [

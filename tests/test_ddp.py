@@ -16,7 +16,9 @@ def losses(out_dir):
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_path):
-    args = ["--max_iters=8", "--eval_interval=8", "--gradient_accumulation_steps=2", "--seed=3"]
+    # dropout too: each micro-batch's masks must follow it to whichever process runs it
+    args = ["--max_iters=8", "--eval_interval=8", "--gradient_accumulation_steps=2", "--seed=3",
+            "--dropout=0.1"]
     single = tmp_path / "single"
     assert train.main(tiny_args(data_dir, single, *args)) == 0
     ddp = tmp_path / "ddp"

@@ -313,6 +313,23 @@ def test_truncated_sampling_equals_greedy(truncation):
     assert torch.equal(sampled, greedy)
 
 
+@pytest.mark.parametrize("temperature, top_k, top_p, expected", [
+    (1.0, None, None, [0.5, 0.3, 0.15, 0.05]),
+    (1.0, 2, None, [0.625, 0.375, 0, 0]),               # the two most likely, renormalised
+    (1.0, 3, 0.6, [0.625, 0.375, 0, 0]),                # 0.5 < 0.6: the second token is needed
+    (1.0, None, 0.8, [0.625, 0.375, 0, 0]),             # 0.5 + 0.3 reaches 0.8 exactly
+    (1.0, None, 0.81, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),
+    (0.5, None, None, [p * p / 0.365 for p in (0.5, 0.3, 0.15, 0.05)]),   # p^2, renormalised
+])
+def test_sampling_draws_from_the_truncated_tempered_distribution(temperature, top_k, top_p, expected):
+    from gpt.model import pick_token
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(40_000, 4)
+    tokens = pick_token(logits, temperature, top_k, top_p, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens.flatten(), minlength=4) / tokens.numel()
+    assert freq.tolist() == pytest.approx(expected, abs=0.01)
+    assert all(f == 0 for f, e in zip(freq.tolist(), expected) if e == 0)
+
+
 def test_sampling_seed_reproduces_tokens():
     model = tiny_model()
     prompt = torch.randint(0, V, (2, 5))

@@ -95,16 +95,23 @@ def test_a_pickled_object_is_refused_and_never_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "ckpt.pt"
     torch.save({"format": checkpoint.FORMAT, "model": {}, "x": Boom()}, path)
-    with pytest.raises(UserError, match="holds pickled Python objects and was refused"):
+    with pytest.raises(UserError, match=r"holds a pickled Python object \(.*system\) and was not loaded"):
         checkpoint.load(path)
     assert not (tmp_path / "boom-was-run").exists()
+
+
+def test_random_bytes_are_called_corrupt(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        checkpoint.load(path)
 
 
 def test_a_save_leaves_no_temporary_file_and_replaces_atomically(tmp_path):
     checkpoint.save({"a": torch.ones(2)}, tmp_path / "ckpt.pt")
     checkpoint.save({"a": torch.zeros(2)}, tmp_path / "ckpt.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]
-    assert torch.equal(checkpoint.load(tmp_path / "ckpt.pt")["a"], torch.zeros(2))
+    assert torch.equal(checkpoint.load(tmp_path / "ckpt.pt", needs=())["a"], torch.zeros(2))
 
 
 def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
@@ -131,6 +138,35 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_p
                                 "--skip_nonfinite=true")) == 0
     events = [json.loads(x) for x in (out2 / "metrics.jsonl").read_text().splitlines()]
     assert [e["iter"] for e in events if e["kind"] == "event"] == [14]
+    assert checkpoint.load(out2 / "ckpt.pt")["iter"] == 30
+
+
+def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch,
+                                                                             capsys):
+    from gpt.model import GPT
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = real_forward(self, idx, targets)
+        if not self.training:
+            calls["n"] += 1
+            if calls["n"] == 11:        # 4 batches an evaluation: the val part of the one at 20
+                loss = loss * float("nan")
+        return logits, loss
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    args = ["--max_iters=30", "--eval_interval=10", "--diagnostics=false"]
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, *args)) == 3
+    err = capsys.readouterr().err
+    assert "evaluation loss became nan at iteration 20" in err and "(iteration 10)" in err
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 10
+    assert checkpoint.load(out / "ckpt_best.pt")["iter"] == 10
+    calls["n"] = 0
+    out2 = tmp_path / "skip"
+    assert train.main(tiny_args(data_dir, out2, *args, "--skip_nonfinite=true")) == 0
+    events = [json.loads(x) for x in (out2 / "metrics.jsonl").read_text().splitlines()]
+    assert [(e["iter"], e["event"]) for e in events if e["kind"] == "event"] == [(20, "nonfinite evaluation")]
     assert checkpoint.load(out2 / "ckpt.pt")["iter"] == 30
 
 
@@ -169,6 +205,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"max_iters='ten' is not a valid int"),
     ("negative lr", "train", lambda d, t, g: tiny_args(d, t / "o", "--learning_rate=-0.1"),
      r"learning_rate=-0.1 must be positive"),
+    ("decay before warmup", "train",
+     lambda d, t, g: tiny_args(d, t / "o", "--warmup_iters=100", "--lr_decay_iters=50"),
+     r"lr_decay_iters=50 is before the end of warmup_iters=100"),
     ("heads", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_head=3"),
      r"n_embd=16 is not divisible by n_head=3"),
     ("block too long", "train", lambda d, t, g: tiny_args(d, t / "o", "--block_size=100000"),
@@ -197,7 +236,25 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"characters not in the vocabulary: '@~'"),
     ("bad sampling value", "sample", lambda d, t, g: [f"--out_dir={g}", "--top_p=2"],
      r"top_p=2.0 must be in \(0, 1\]"),
+    ("checkpoint of another version", "sample", lambda d, t, g: [f"--out_dir={_edited(g, drop='meta')}"],
+     r"lacks meta: it was written by another version of this project"),
+    ("resume another version", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, drop='last_eval_iter')}", "--resume", "--max_iters=4"],
+     r"lacks last_eval_iter: it was written by another version"),
+    ("weights unlike their config", "sample", lambda d, t, g: [f"--out_dir={_edited(g, n_embd=32)}"],
+     r"the checkpoint's weights do not fit its own model config"),
 ]
+
+
+def _edited(good, drop=None, **model_config):
+    """A copy of good's checkpoint without the key `drop`, or with other model_config values."""
+    ckpt = checkpoint.load(good / "ckpt.pt")
+    ckpt.pop(drop, None)
+    ckpt["model_config"].update(model_config)
+    folder = good.parent / "edited"
+    folder.mkdir()
+    checkpoint.save(ckpt, folder / "ckpt.pt")
+    return folder
 
 
 def _truncate(good):
@@ -283,3 +340,47 @@ def test_a_prompt_file_that_is_not_text(data_dir, tmp_path, capsys):
     (tmp_path / "bin.dat").write_bytes(b"\xff\xfe\x00\x81")
     assert sample.main([f"--out_dir={out}", f"--start=FILE:{tmp_path / 'bin.dat'}"]) == 2
     assert "the file is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_second_signal_waits_for_the_checkpoint_being_written():
+    from gpt.trainer import StopRequest
+    done = []
+    with StopRequest() as stop:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.signal == "SIGINT"              # the first one is a request, nothing more
+        with pytest.raises(KeyboardInterrupt):
+            with stop.hold():
+                signal.raise_signal(signal.SIGINT)
+                done.append("written")              # the block runs to its end
+        assert done == ["written"]
+        with pytest.raises(KeyboardInterrupt):      # outside a hold, a second one stops at once
+            signal.raise_signal(signal.SIGINT)
+
+
+def test_an_interrupt_ends_train_with_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt import trainer
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert train.main(tiny_args(data_dir, tmp_path / "o")) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted;") and len(err.strip().splitlines()) == 1
+
+
+def test_sampling_into_a_closed_pipe_stops_quietly(data_dir, tmp_path):
+    out = _trained(data_dir, tmp_path)
+    proc = subprocess.run(f"{sys.executable} sample.py --out_dir={out} --max_new_tokens=20000 | head -c 5",
+                          shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert len(proc.stdout) == 5 and proc.stderr == ""
+
+
+def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
+    tiktoken = pytest.importorskip("tiktoken")
+
+    def offline(name):
+        raise OSError("Max retries exceeded")      # what requests raises with no network
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    from gpt.data import TiktokenTokenizer
+    with pytest.raises(UserError, match="could not load the 'gpt2' BPE files .*TIKTOKEN_CACHE_DIR"):
+        TiktokenTokenizer("gpt2")

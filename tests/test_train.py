@@ -93,10 +93,13 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path):
     assert train.main(tiny_args(data_dir, one, *extra)) == 0
     two = tmp_path / "two"
     assert train.main(tiny_args(data_dir, two, *extra[1:], "--max_iters=24", "--eval_interval=8")) == 0
-    # train part way (stop at 12, between evaluations, as Ctrl-C would), then resume to the end
+    # train part way (12 steps, the middle of an evaluation interval), then resume to the end
     three = tmp_path / "three"
     assert train.main(tiny_args(data_dir, three, *extra[1:], "--max_iters=12")) == 0
     assert train.main([f"--out_dir={three}", "--resume", "--max_iters=24"]) == 0
+    # the clock for time-to-quality goes on from where the first part left it
+    elapsed = [e["elapsed_s"] for e in read_metrics(three, "eval")]
+    assert len(elapsed) == 5 and elapsed == sorted(elapsed) and elapsed[3] > elapsed[2]
     for a, b in ((one, two), (one, three)):
         untimed = [{k: v for k, v in r.items() if k != "ms"} for r in read_metrics(a, "train")]
         assert untimed == [{k: v for k, v in r.items() if k != "ms"} for r in read_metrics(b, "train")]
