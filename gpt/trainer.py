@@ -449,9 +449,9 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             for micro in range(local_steps):
                 if world > 1:   # one gradient all-reduce per step, not one per micro-step
                     model.require_backward_grad_sync = micro == local_steps - 1
-                # dropout masks depend on the micro-batch's place in the run alone (see the top)
-                torch.manual_seed((cfg.seed << 32) + it * cfg.gradient_accumulation_steps
-                                  + rank * local_steps + micro)
+                if model_cfg.dropout:   # its masks follow the micro-batch's place in the run
+                    torch.manual_seed((cfg.seed << 32) + it * cfg.gradient_accumulation_steps
+                                      + rank * local_steps + micro)
                 with autocast:
                     _, loss = model(xs[micro], ys[micro])
                 (loss / local_steps).backward()
