@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text("-m gpt.bench", sections))
         return 0
     try:
+        if any(a == "--max_iters" or a.startswith("--max_iters=") for a in argv):
+            raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
+                            "steps); use --bench_iters=N")
         args = parse_argv(argv, sections)
         bench = build(BenchConfig, args.values)
         result = run(build(GPTConfig, args.values), build(TrainConfig, args.values), bench)

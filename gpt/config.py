@@ -118,7 +118,8 @@ class TrainConfig:
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps")
     eval_iters: int = opt(200, "batches per split in each evaluation")
     log_interval: int = opt(10, "write a train-loss line to metrics.jsonl every this many steps")
-    diagnostics: bool = opt(True, "log per-block gradient norm and residual RMS at each evaluation")
+    diagnostics: bool = opt(True, "log per-block gradient norm, update/weight ratio, residual RMS, "
+                                  "position similarity and per-head attention entropy at each evaluation")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is nan/inf instead of stopping")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     wandb: bool = opt(False, "log metrics to Weights & Biases")
@@ -246,7 +247,9 @@ def config_path(name: str) -> Path:
     path = CONFIG_DIR / f"{name}.toml"
     if path.is_file():
         return path
-    raise UserError(f"no config named {name!r}; available: {', '.join(available_configs())}")
+    close = difflib.get_close_matches(name, available_configs(), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise UserError(f"no config named {name!r}; {hint}available: {', '.join(available_configs())}")
 
 
 def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
@@ -309,6 +312,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
                 close = difflib.get_close_matches(axis, list(fields), n=1)
                 hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
                 raise UserError(f"--sweep {axis}: not a config field{hint}")
+            if axis in sweep:
+                raise UserError(f"--sweep {axis} is given twice; list all its values in one: "
+                                f"--sweep {axis}=v1,v2")
             sweep[axis] = [convert(axis, v, fields) for v in values.split(",")]
         else:
             raw[name] = convert(name, value, fields)
@@ -325,13 +331,29 @@ def build(cls, values: dict, base: dict | None = None):
     return cls(**merged)
 
 
+def _shown(default) -> str:
+    """A default as it would be typed: true, 0.001, learned; quoted only when blank."""
+    if isinstance(default, bool):
+        return str(default).lower()
+    text = str(default)
+    return repr(text) if not text.strip() else text
+
+
 def help_text(prog: str, sections=SECTIONS) -> str:
-    lines = [f"usage: python {prog} [--config NAME] [--name=value ...]", ""]
+    configs, sweeps = TrainConfig in sections, SweepConfig in sections
+    lines = [f"usage: python {prog}{' [--config NAME]' if configs else ''} [--name=value ...]"
+             f"{' [--sweep name=v1,v2 ...]' if sweeps else ''}", ""]
+    if configs:
+        lines.append(f"--config NAME: one of {', '.join(available_configs())}, or a .toml path")
+    if sweeps:
+        lines.append("--sweep name=v1,v2: run every combination of the listed values (see SweepConfig)")
+    if configs:
+        lines.append("")
     for cls in sections:
         lines.append(f"{cls.__name__}:")
         for f in dataclasses.fields(cls):
             choices = f.metadata.get("choices")
             allowed = f" [{' | '.join(choices)}]" if choices else ""
-            lines.append(f"  --{f.name}={f.default!r}{allowed}\n      {f.metadata['help']}")
+            lines.append(f"  --{f.name}={_shown(f.default)}{allowed}\n      {f.metadata['help']}")
         lines.append("")
     return "\n".join(lines)

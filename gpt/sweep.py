@@ -74,7 +74,11 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
     a folder, and on any grid point that is not a valid config. Returns each run's TrainConfig."""
     for axis in args.sweep:
         if axis in RESERVED_AXES:
-            raise UserError(f"--sweep {axis}: the sweep sets {axis} itself; use --seeds=N for seeds")
+            hint = "; use --seeds=N for seeds" if axis.startswith("seed") else ""
+            raise UserError(f"--sweep {axis}: the sweep sets {axis} itself{hint}")
+    if values.get("resume"):
+        raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
+                        "again without --resume")
     labels = [r.folder.name for r in runs]
     if len(set(labels)) != len(labels):
         raise UserError(f"two grid points share the name {max(set(labels), key=labels.count)!r}; "
@@ -328,6 +332,8 @@ def _styles(n: int):
 
 
 def _legend(ax, rows: list[dict]) -> None:
+    if not ax.get_legend_handles_labels()[0]:       # nothing was drawn: no run has results
+        return
     ax.legend(fontsize=7, title=rows[0]["_axes"] if rows else None, title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
 

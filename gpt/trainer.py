@@ -338,6 +338,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         if start_iter >= cfg.max_iters:
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
+        if master:
+            print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}")
     elif master and metrics_path.exists():
         metrics_path.unlink()           # a fresh run in an old folder starts a fresh log
 
@@ -494,4 +496,6 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,
                    wall_s=time.perf_counter() - t_start)
+    if master and not summary["stopped_by"]:
+        print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints in {out_dir}")
     return summary

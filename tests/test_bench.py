@@ -27,3 +27,5 @@ def test_bench_reports_consistent_figures(data_dir, tmp_path, capsys):
 def test_bench_rejects_bad_arguments(capsys):
     assert bench.main(["--bench_iters=0"]) == 2
     assert capsys.readouterr().err.startswith("error: bench_iters must be positive")
+    assert bench.main(["--config", "shakespeare_char_cpu", "--max_iters=20"]) == 2
+    assert "--max_iters: the bench sets it itself" in capsys.readouterr().err

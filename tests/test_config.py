@@ -1,4 +1,5 @@
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,20 @@ def test_help_lists_every_field_with_default_and_meaning():
     text = help_text("train.py")
     for cls in (GPTConfig, TrainConfig):
         for f in dataclasses.fields(cls):
-            assert f"--{f.name}={f.default!r}" in text
-            assert f.metadata["help"] in text
+            assert f"--{f.name}=" in text and f.metadata["help"] in text
+    # defaults as they would be typed on the command line
+    assert "--bias=true\n" in text and "--pos_encoding=learned [" in text and "--wandb_run_name=''" in text
+    assert "--sweep name=v1,v2" in text and "sweeps/norm_residual" in text
+    assert "--sweep" not in help_text("sample.py", (SampleConfig,))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sweep", "n_layer=1,2", "--sweep", "n_layer=3"], "--sweep n_layer is given twice"),
+    (["--config", "shakespeare_chr"], "did you mean shakespeare_char?"),
+])
+def test_more_command_lines_that_name_the_fix(argv, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        parse_argv(argv)
 
 
 def test_a_config_file_path_works(tmp_path: Path):

@@ -62,6 +62,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     ("seed=1,2", "the sweep sets seed itself"),
     ("seeds=2,3", "the sweep sets seeds itself"),
     ("n_layer=2,2", "two grid points share the name 'n_layer=2__seed=1337'"),
+    ("out_dir=a,b", "the sweep sets out_dir itself"),
 ])
 def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", axis)) == 2
@@ -165,3 +166,9 @@ def test_a_baseline_without_results_is_named_as_the_reason():
     rows += [{"_setting": "b", "final_val_loss": v, "status": "finished", "diverged": False}
              for v in (2.0, 2.1)]
     assert sweep.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
+
+
+def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
+    assert train.main(tiny_args(data_dir, tmp_path / "sw", "--resume", "--sweep", "residual=true,false")) == 2
+    assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists()

@@ -87,7 +87,7 @@ def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, caps
     assert "not in the vocabulary: '#Ω'" in capsys.readouterr().err
 
 
-def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path):
+def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
     extra = ["--max_iters=24", "--eval_interval=8", "--dropout=0.1", "--seed=5"]
     one = tmp_path / "one"
     assert train.main(tiny_args(data_dir, one, *extra)) == 0
@@ -96,7 +96,11 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path):
     # train part way (12 steps, the middle of an evaluation interval), then resume to the end
     three = tmp_path / "three"
     assert train.main(tiny_args(data_dir, three, *extra[1:], "--max_iters=12")) == 0
+    capsys.readouterr()
     assert train.main([f"--out_dir={three}", "--resume", "--max_iters=24"]) == 0
+    said = capsys.readouterr().out
+    assert f"resuming {three / 'ckpt.pt'} at iteration 12 of 24" in said
+    assert f"done: 24 iterations, best val loss" in said and str(three) in said
     # the clock for time-to-quality goes on from where the first part left it
     elapsed = [e["elapsed_s"] for e in read_metrics(three, "eval")]
     assert len(elapsed) == 5 and elapsed == sorted(elapsed) and elapsed[3] > elapsed[2]
