@@ -276,8 +276,12 @@ class GPT(nn.Module):
             except ImportError:
                 raise UserError(f"{path!r} is not a folder, and fetching it from the hub needs "
                                 "huggingface_hub: pip install huggingface_hub") from None
-            folder = Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors",
-                                                                  "pytorch_model.bin"]))
+            try:
+                folder = Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors",
+                                                                      "pytorch_model.bin"]))
+            except Exception as e:      # the hub's errors have no common base worth naming
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first}") from None
         hf = json.loads((folder / "config.json").read_text())
         activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                       "relu": "relu"}[hf.get("activation_function", "gelu_new")]

@@ -348,3 +348,9 @@ def test_sinusoidal_positions_start_at_the_token_embeddings_scale():
                           pos_encoding="sinusoidal"))
     torch.testing.assert_close(model.pos_table, sinusoidal_table(16, 8) * 0.02 * math.sqrt(2))
     assert model.pos_table.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_path):
+    pytest.importorskip("huggingface_hub")
+    with pytest.raises(UserError, match="is not a folder, and the hub could not give it"):
+        GPT.from_pretrained(str(tmp_path / "no" / "such" / "folder"))

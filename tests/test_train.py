@@ -100,7 +100,7 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
     assert train.main([f"--out_dir={three}", "--resume", "--max_iters=24"]) == 0
     said = capsys.readouterr().out
     assert f"resuming {three / 'ckpt.pt'} at iteration 12 of 24" in said
-    assert f"done: 24 iterations, best val loss" in said and str(three) in said
+    assert "done: 24 iterations, best val loss" in said and str(three) in said
     # the clock for time-to-quality goes on from where the first part left it
     elapsed = [e["elapsed_s"] for e in read_metrics(three, "eval")]
     assert len(elapsed) == 5 and elapsed == sorted(elapsed) and elapsed[3] > elapsed[2]
