@@ -138,8 +138,8 @@ class TrainConfig:
             raise UserError(f"seed={self.seed} must be in [0, 2**32)")
         if self.min_lr > self.learning_rate:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
-        if self.decay_lr and self.lr_decay_iters < self.warmup_iters:
-            raise UserError(f"lr_decay_iters={self.lr_decay_iters} is before the end of warmup_iters="
+        if self.decay_lr and self.warmup_iters and self.lr_decay_iters <= self.warmup_iters:
+            raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
                             f"{self.warmup_iters}; the decay would start with a drop to min_lr")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:

@@ -52,10 +52,11 @@ class TiktokenTokenizer:
         self.encoding_name = encoding
         try:
             self.enc = tiktoken.get_encoding(encoding)
-        except OSError as e:    # requests' network errors are OSErrors too
-            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({type(e).__name__}); "
-                            "connect to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that "
-                            "holds them") from None
+        except (OSError, ValueError) as e:  # network errors (requests': OSErrors) or bad files
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first}); connect "
+                            "to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that holds "
+                            "them") from None
 
     @property
     def vocab_size(self) -> int:

@@ -88,6 +88,13 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
     return [build(TrainConfig, {**values, **r.setting}) for r in runs]
 
 
+def changed_settings(before: dict, now: dict) -> list[str]:
+    """Names of the shared settings that differ between a sweep folder's record and now."""
+    # a record without data_dir comes from sweeps whose runs read the repository's own
+    before = {"data_dir": str(REPO_ROOT / TrainConfig.data_dir), **before}
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+
+
 def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
     """A run whose result was never recorded (the sweep was stopped as it ended) but whose
     checkpoint is complete."""
@@ -113,10 +120,8 @@ def run(args, argv: list[str]) -> int:
     run_cfgs = _check_grid(args, values, runs)
     shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
     if (out_dir / "sweep.json").exists():
-        before = _read_json(out_dir / "sweep.json")
-        if before.get("shared") != shared:
-            changed = sorted(k for k in set(shared) | set(before.get("shared", {}))
-                             if shared.get(k) != before.get("shared", {}).get(k))
+        changed = changed_settings(_read_json(out_dir / "sweep.json").get("shared", {}), shared)
+        if changed:
             raise UserError(f"{out_dir} holds a sweep with other settings ({', '.join(changed)}); "
                             "use another --out_dir, or the same settings to continue it")
     try:

@@ -332,7 +332,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
         last_saved = start_iter
-        elapsed_before = ckpt.get("elapsed_s", 0.0)     # absent from checkpoints of older versions
+        elapsed_before = ckpt.get("elapsed_s")
+        if elapsed_before is None:      # a checkpoint of an older version: its log has the time
+            logged = [r["elapsed_s"] for r in read_jsonl(metrics_path) if r["kind"] == "eval"
+                      and r["iter"] <= start_iter and "elapsed_s" in r] if metrics_path.exists() else []
+            elapsed_before = logged[-1] if logged else 0.0
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         if start_iter >= cfg.max_iters:
@@ -418,6 +422,10 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     row.update(measure_diagnostics(raw_model, x[0], y[0], optimizer))
                 last_eval = it
                 finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+                if world > 1:   # all ranks must take the same branch, or the next all-reduce hangs
+                    flag = torch.tensor(float(finite), device=device)
+                    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+                    finite = flag.item() > 0
                 if master:
                     metrics.log(row)
                     bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "

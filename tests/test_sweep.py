@@ -172,3 +172,11 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--resume", "--sweep", "residual=true,false")) == 2
     assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_sweep_record_without_data_dir_means_the_repository_data():
+    from gpt.config import REPO_ROOT
+    now = {"max_iters": 2, "data_dir": str(REPO_ROOT / "data")}
+    assert sweep.changed_settings({"max_iters": 2}, now) == []
+    assert sweep.changed_settings({"max_iters": 2}, {**now, "data_dir": "/elsewhere"}) == ["data_dir"]
+    assert sweep.changed_settings({**now, "max_iters": 4}, now) == ["max_iters"]

@@ -124,3 +124,15 @@ def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     model = checkpoint.load_model(ckpt)
     assert model.config == cfg
     assert ckpt["meta"]["tokenizer"] == "char"
+
+
+def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 0
+    ckpt = checkpoint.load(out / "ckpt.pt")
+    del ckpt["elapsed_s"]                       # as older versions wrote it
+    checkpoint.save(ckpt, out / "ckpt.pt")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=12"]) == 0
+    elapsed = [e["elapsed_s"] for e in read_metrics(out, "eval")]
+    assert [e["iter"] for e in read_metrics(out, "eval")] == [0, 4, 8, 12]
+    assert elapsed[3] > elapsed[2] > 0
