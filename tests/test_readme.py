@@ -44,3 +44,10 @@ def test_a_readme_command_parses_into_valid_configs(script, argv):
     values = parse_argv(argv, sections).values
     for cls in sections:
         build(cls, values)
+
+
+def test_the_model_flag_table_lists_every_model_field():
+    import dataclasses
+    text = (ROOT / "README.md").read_text()
+    missing = [f.name for f in dataclasses.fields(GPTConfig) if f"| `{f.name}` |" not in text]
+    assert missing == []
