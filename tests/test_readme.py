@@ -1,6 +1,7 @@
 """Every train.py, sample.py and gpt.bench command README.md shows must parse into valid configs,
 so the README cannot drift from the options the code has."""
 
+import dataclasses
 import re
 import shlex
 
@@ -47,7 +48,6 @@ def test_a_readme_command_parses_into_valid_configs(script, argv):
 
 
 def test_the_model_flag_table_lists_every_model_field():
-    import dataclasses
     text = (ROOT / "README.md").read_text()
     missing = [f.name for f in dataclasses.fields(GPTConfig) if f"| `{f.name}` |" not in text]
     assert missing == []
