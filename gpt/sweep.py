@@ -38,6 +38,7 @@ class Run:
 
 
 RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume")   # set by the sweep itself
+DONE = ("finished", "diverged")     # a run with either status is not run again; "failed" is
 
 
 def _text(value) -> str:
@@ -134,11 +135,15 @@ def run(args, argv: list[str]) -> int:
 
     for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
         ensure_prepared(*cfg)                        # once, not by every run at once
+    todo = []                                        # failed runs are tried again
     for r, cfg in zip(runs, run_cfgs):
-        if not _done(r.folder) and _finished_by_checkpoint(r, cfg.max_iters):
+        if _done(r.folder):
+            continue
+        if _finished_by_checkpoint(r, cfg.max_iters):
             (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
                                                               "wall_s": math.nan}))
-    todo = [r for r in runs if not _done(r.folder)]      # failed runs are tried again
+        else:
+            todo.append(r)
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
           f"{sweep_cfg.jobs} at a time, in {out_dir}")
     threads = max(1, (os.cpu_count() or 1) // sweep_cfg.jobs)
@@ -190,7 +195,7 @@ def _interrupt(signum, frame):
 def _done(folder: Path) -> bool:
     """Finished or diverged: a failed run (a crash, a bad grid point) is worth another try."""
     path = folder / "result.json"
-    return path.exists() and _read_json(path).get("status") in ("finished", "diverged")
+    return path.exists() and _read_json(path).get("status") in DONE
 
 
 def _record(entry, returncode: int, done: int, total: int) -> None:
@@ -270,7 +275,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     the first setting (the baseline) by more than two standard errors of the difference."""
     out = []
     for label, group in by_setting(rows).items():
-        ran = [r for r in group if r["status"] in ("finished", "diverged")]
+        ran = [r for r in group if r["status"] in DONE]
         # diverged runs are counted apart: their last finite loss is not a final loss
         finite = [r["final_val_loss"] for r in ran if r["status"] == "finished" and not r["diverged"]
                   and math.isfinite(r["final_val_loss"])]
@@ -339,7 +344,7 @@ def _styles(n: int):
 def _legend(ax, rows: list[dict]) -> None:
     if not ax.get_legend_handles_labels()[0]:       # nothing was drawn: no run has results
         return
-    ax.legend(fontsize=7, title=rows[0]["_axes"] if rows else None, title_fontsize=7,
+    ax.legend(fontsize=7, title=rows[0]["_axes"], title_fontsize=7,
               loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 

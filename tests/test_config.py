@@ -93,7 +93,10 @@ def test_help_lists_every_field_with_default_and_meaning():
     text = help_text("train.py")
     for cls in (GPTConfig, TrainConfig):
         for f in dataclasses.fields(cls):
-            assert f"--{f.name}=" in text and f.metadata["help"] in text
+            default = f.default
+            shown = (str(default).lower() if isinstance(default, bool) else
+                     repr(default) if default == "" or default == "\n" else str(default))
+            assert f"--{f.name}={shown}" in text and f.metadata["help"] in text
     # defaults as they would be typed on the command line
     assert "--bias=true\n" in text and "--pos_encoding=learned [" in text and "--wandb_run_name=''" in text
     assert "--sweep name=v1,v2" in text and "sweeps/norm_residual" in text
