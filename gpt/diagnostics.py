@@ -1,8 +1,8 @@
 """Measurements that explain why a setting trains or fails.
 
 At each evaluation the trainer calls `measure` on one fixed batch, outside the training step:
-per block, the gradient norm of its parameters, the size of the optimizer's next update relative
-to its weights, the RMS of the residual stream after it, and how alike its output vectors at
+per block, the gradient norm of its parameters, the size of the update AdamW's stored moments
+make at this step's learning rate relative to its weights, the RMS of the residual stream after it, and how alike its output vectors at
 different positions are; per head, the entropy of its attention. `unigram_loss` gives the loss of
 a model that knows only character frequencies: the level a model that learned nothing sits at.
 
@@ -75,7 +75,8 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
 
 
 def update_ratios(blocks, optimizer: AdamW) -> list[float]:
-    """Per block, ||update|| / ||weights|| of the step AdamW would take now: lr * (m_hat /
+    """Per block, ||update|| / ||weights|| of the step AdamW's stored moments make at the group's
+    current lr (the trainer sets this step's before evaluating): lr * (m_hat /
     (sqrt(v_hat) + eps) + weight_decay * w). Around 1e-3 is the usual healthy range; much larger
     means the weights are being rewritten each step, much smaller that the block has stalled."""
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}

@@ -412,6 +412,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         it = start_iter
         while True:
             lr = lr_at(it, cfg)
+            for group in optimizer.param_groups:    # before evaluating: diagnostics read it
+                group["lr"] = lr
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != last_eval:
                 since_tick = time.perf_counter() - tick
                 row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
@@ -450,8 +452,6 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             if it >= cfg.max_iters:
                 break
 
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             xs, ys = batches.draw("train", cfg.gradient_accumulation_steps)
             mine = slice(rank * local_steps, (rank + 1) * local_steps)
             xs, ys = xs[mine], ys[mine]                       # (local_steps, B, T)

@@ -327,6 +327,36 @@ def test_a_stop_in_the_last_step_still_finishes_with_the_evaluation(data_dir, tm
     assert [e["iter"] for e in evals if e["kind"] == "eval"] == [0, 2, 4]
 
 
+def test_a_stop_just_before_an_evaluation_resumes_to_the_same_diagnostics(data_dir, tmp_path, monkeypatch):
+    # the resumed run evaluates iteration 4 with a fresh optimizer: its update ratios must still
+    # use iteration 4's learning rate, as the uninterrupted run's do
+    from gpt import trainer
+    run = ["--max_iters=8", "--eval_interval=4", "--learning_rate=1e-2", "--lr_decay_iters=8"]
+    ref = tmp_path / "ref"
+    assert train.main(tiny_args(data_dir, ref, *run)) == 0
+    real_draw = trainer.Batches.draw
+    steps = {"n": 0}
+
+    def draw_then_signal(self, split, n):
+        steps["n"] += 1
+        if steps["n"] == 4:                     # during step 3: the stop saves iteration 4
+            signal.raise_signal(signal.SIGINT)
+        return real_draw(self, split, n)
+    monkeypatch.setattr(trainer.Batches, "draw", draw_then_signal)
+    out = tmp_path / "stopped"
+    assert train.main(tiny_args(data_dir, out, *run)) == 130
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
+    monkeypatch.setattr(trainer.Batches, "draw", real_draw)
+    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+
+    def evals(path):
+        rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k not in ("tokens_per_sec", "elapsed_s")}
+                for r in rows if r["kind"] == "eval"]
+    assert evals(out) == evals(ref)
+    assert evals(ref)[1]["block_update_ratio"] != evals(ref)[2]["block_update_ratio"]
+
+
 def test_token_ids_outside_the_vocabulary_are_refused(data_dir, tmp_path, capsys):
     meta = json.loads((data_dir / "tiny" / "meta.json").read_text())
     meta["chars"], meta["vocab_size"] = meta["chars"][:5], 5
