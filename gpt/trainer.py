@@ -344,8 +344,14 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                             "to train further")
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}")
-    elif master and metrics_path.exists():
-        metrics_path.unlink()           # a fresh run in an old folder starts a fresh log
+    elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
+        old = [p for p in (metrics_path, out_dir / "ckpt.pt", out_dir / "ckpt_best.pt",
+                           out_dir / "ckpt.pt.tmp", out_dir / "ckpt_best.pt.tmp") if p.exists()]
+        for path in old:
+            path.unlink()
+        if any(p.name.startswith("ckpt") for p in old):
+            print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints "
+                  "(--resume continues a run instead)")
 
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)

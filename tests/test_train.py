@@ -114,6 +114,21 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
         assert wa["best_val_loss"] == wb["best_val_loss"]
 
 
+def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--n_layer=1")) == 0
+    assert (out / "ckpt.pt").exists() and (out / "ckpt_best.pt").exists()
+    capsys.readouterr()
+    # a second run that diverges before its first save: no file of the first may remain
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2",
+                                "--learning_rate=1e9", "--warmup_iters=0")) == 3
+    said = capsys.readouterr()
+    assert f"starting afresh in {out}: removed the earlier run's checkpoints" in said.out
+    assert "no checkpoint had been saved yet" in said.err
+    assert not (out / "ckpt.pt").exists() and not (out / "ckpt_best.pt").exists()
+    assert json.loads((out / "config.json").read_text())["model"]["n_layer"] == 2
+
+
 def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4",
