@@ -110,7 +110,7 @@ class TrainConfig:
     min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay")
     warmup_iters: int = opt(100, "steps of linear warmup up to learning_rate")
     lr_decay_iters: int = opt(5000, "step at which the cosine decay reaches min_lr")
-    decay_lr: bool = opt(True, "cosine decay after warmup; false keeps learning_rate constant")
+    decay_lr: bool = opt(True, "cosine decay after warmup; false keeps learning_rate after warmup")
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -138,9 +138,10 @@ class TrainConfig:
             raise UserError(f"seed={self.seed} must be in [0, 2**32)")
         if self.min_lr > self.learning_rate:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
-        if self.decay_lr and self.warmup_iters and self.lr_decay_iters <= self.warmup_iters:
+        if self.decay_lr and self.lr_decay_iters <= self.warmup_iters:
             raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
-                            f"{self.warmup_iters}; the decay would start with a drop to min_lr")
+                            f"{self.warmup_iters}; the decay would start with a drop to min_lr "
+                            "(raise lr_decay_iters, or pass --decay_lr=false)")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
@@ -211,6 +212,10 @@ def convert(name: str, value, fields: dict = FIELDS):
             return False
     elif kind is int and not isinstance(value, bool):
         try:
+            return int(value) if isinstance(value, int) else int(str(value).strip())
+        except ValueError:
+            pass
+        try:    # 1e4 and 5000.0 are whole numbers too; float() alone would round past 2**53
             number = float(value)
             if number == int(number):
                 return int(number)
@@ -320,7 +325,12 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     values.update(raw)
-    return Args(values=values, sweep={**file_sweep, **sweep})
+    sweep = {**file_sweep, **sweep}
+    for name in raw.keys() & sweep.keys():     # a sweep axis would silently win over the value
+        shown = ",".join(_shown(v) for v in sweep[name])
+        raise UserError(f"--{name}={_shown(raw[name])} is also swept ({name}={shown}); to run "
+                        f"only some values, give them as --sweep {name}={_shown(raw[name])}")
+    return Args(values=values, sweep=sweep)
 
 
 def build(cls, values: dict, base: dict | None = None):

@@ -90,7 +90,7 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
         return cfg.learning_rate
     if it >= cfg.lr_decay_iters:
         return cfg.min_lr
-    progress = (it - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
+    progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)    # config: > 0
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpt.config import (CONFIG_DIR, GPTConfig, SampleConfig, TrainConfig, UserError, available_configs,
-                        build, help_text, parse_argv, read_config_file)
+                        build, convert, help_text, parse_argv, read_config_file)
 
 
 def test_overrides_are_typed_and_win_over_the_file():
@@ -77,6 +77,8 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (SampleConfig, {"temperature": -1.0}, r"temperature=-1.0 must be 0 \(greedy\) or at least 0.001"),
     (SampleConfig, {"temperature": 1e-39}, r"temperature=1e-39 must be 0 \(greedy\) or at least"),
     (TrainConfig, {"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32\)"),
+    (TrainConfig, {"warmup_iters": 0, "lr_decay_iters": 0},
+     r"lr_decay_iters=0 is not after the end of warmup_iters=0.*--decay_lr=false"),
 ])
 def test_bad_values_fail_where_they_enter(cls, values, message):
     with pytest.raises(UserError, match=message):
@@ -87,6 +89,14 @@ def test_sweep_axes_parse_to_typed_lists():
     args = parse_argv(["--sweep", "residual=true,false", "--sweep=n_head=1,2,4", "--seeds=3"])
     assert args.sweep == {"residual": [True, False], "n_head": [1, 2, 4]}
     assert args.values["seeds"] == 3
+    # a --sweep on the command line replaces the file's axis of the same name
+    assert parse_argv(["--config", "sweeps/heads", "--sweep", "n_head=2,4"]).sweep["n_head"] == [2, 4]
+
+
+def test_whole_numbers_parse_exactly():
+    assert convert("max_iters", "9007199254740993") == 2 ** 53 + 1        # float() would round it
+    assert convert("max_iters", "1e4") == convert("max_iters", 5000.0) * 2 == 10000
+    assert build(TrainConfig, {"warmup_iters": 0, "lr_decay_iters": 0, "decay_lr": False}).decay_lr is False
 
 
 def test_help_lists_every_field_with_default_and_meaning():
@@ -106,6 +116,9 @@ def test_help_lists_every_field_with_default_and_meaning():
 @pytest.mark.parametrize("argv, message", [
     (["--sweep", "n_layer=1,2", "--sweep", "n_layer=3"], "--sweep n_layer is given twice"),
     (["--config", "shakespeare_chr"], "did you mean shakespeare_char?"),
+    (["--config", "sweeps/heads", "--n_head=2"],
+     "--n_head=2 is also swept (n_head=1,2,4,8); to run only some values, give them as --sweep n_head=2"),
+    (["--residual=false", "--sweep", "residual=true,false"], "--residual=false is also swept"),
 ])
 def test_more_command_lines_that_name_the_fix(argv, message):
     with pytest.raises(UserError, match=re.escape(message)):
