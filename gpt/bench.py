@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import resource
 import statistics
 import sys
@@ -29,8 +30,10 @@ from .data import load_meta
 from .diagnostics import measure
 from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
 
-GPU_PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12,
-                 "4090": 165e12, "3090": 71e12}
+# dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
+# must match whole ("L4" is not "L40S"), and the first match wins, so variants come first
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12,
+                 "A10": 125e12, "4090": 165e12, "3090": 71e12}
 
 
 @dataclass
@@ -51,13 +54,16 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6 * n_params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
 
 
+def gpu_peak(name: str, dtype: torch.dtype) -> tuple[float, str]:
+    for key, value in GPU_PEAK_BF16.items():
+        if re.search(rf"(?<![A-Za-z0-9]){key}(?![A-Za-z0-9])", name):
+            return (value if dtype == torch.bfloat16 else value / 2), f"{name} datasheet"
+    return float("nan"), f"{name}: peak unknown"
+
+
 def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
     if torch.device(device).type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, value in GPU_PEAK_BF16.items():
-            if key in name:
-                return (value if dtype == torch.bfloat16 else value / 2), f"{name} datasheet"
-        return float("nan"), f"{name}: peak unknown"
+        return gpu_peak(torch.cuda.get_device_name(device), dtype)
     n = 1024
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     best = float("inf")

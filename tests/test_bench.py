@@ -1,6 +1,8 @@
 import json
+import math
 
 import pytest
+import torch
 
 from conftest import tiny_args
 from gpt import bench
@@ -29,3 +31,15 @@ def test_bench_rejects_bad_arguments(capsys):
     assert capsys.readouterr().err.startswith("error: bench_iters must be positive")
     assert bench.main(["--config", "shakespeare_char_cpu", "--max_iters=20"]) == 2
     assert "--max_iters: the bench sets it itself" in capsys.readouterr().err
+
+
+def test_gpu_peaks_match_whole_model_names():
+    bf16 = torch.bfloat16
+    assert bench.gpu_peak("NVIDIA L4", bf16)[0] == 121e12
+    assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", bf16)[0] == 312e12
+    assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", torch.float32)[0] == 156e12
+    assert bench.gpu_peak("NVIDIA H100 PCIe", bf16)[0] == 756e12
+    assert bench.gpu_peak("NVIDIA H100 80GB HBM3", bf16)[0] == 989e12
+    for other in ("NVIDIA L40S", "NVIDIA A10G"):        # not an L4, not an A10
+        peak, label = bench.gpu_peak(other, bf16)
+        assert math.isnan(peak) and label == f"{other}: peak unknown"
