@@ -325,12 +325,11 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     values.update(raw)
-    sweep = {**file_sweep, **sweep}
-    for name in raw.keys() & sweep.keys():     # a sweep axis would silently win over the value
-        shown = ",".join(_shown(v) for v in sweep[name])
-        raise UserError(f"--{name}={_shown(raw[name])} is also swept ({name}={shown}); to run "
-                        f"only some values, give them as --sweep {name}={_shown(raw[name])}")
-    return Args(values=values, sweep=sweep)
+    for name in raw.keys() & (file_sweep.keys() - sweep.keys()):   # the file's axis would win unseen
+        shown = ",".join(_shown(v) for v in file_sweep[name])
+        raise UserError(f"--{name}={_shown(raw[name])} is also swept by {config_name} ({name}={shown}); "
+                        f"to run only some values, give them as --sweep {name}={_shown(raw[name])}")
+    return Args(values=values, sweep={**file_sweep, **sweep})
 
 
 def build(cls, values: dict, base: dict | None = None):

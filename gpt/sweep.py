@@ -129,9 +129,9 @@ def run(args, argv: list[str]) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    (out_dir / "sweep.json").write_text(json.dumps(
-        {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
-         "command": " ".join(["python", "train.py", *argv])}, indent=1))
+    _write_json(out_dir / "sweep.json",
+                {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
+                 "command": " ".join(["python", "train.py", *argv])})
 
     for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
         ensure_prepared(*cfg)                        # once, not by every run at once
@@ -140,8 +140,7 @@ def run(args, argv: list[str]) -> int:
         if _done(r.folder):
             continue
         if _finished_by_checkpoint(r, cfg.max_iters):
-            (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0,
-                                                              "wall_s": math.nan}))
+            _write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": math.nan})
         else:
             todo.append(r)
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
@@ -203,12 +202,19 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
     log.close()
     status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
-    (run.folder / "result.json").write_text(json.dumps(result))
+    _write_json(run.folder / "result.json", result)
     final = _final_eval(run.folder)
     val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
     print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write, then rename: a stop in the middle leaves the old file or none, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- report
@@ -251,7 +257,8 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
         val = final.get("val_loss", math.nan)
         row = {**{k: _text(v) for k, v in r.setting.items()}, "seed": r.seed,
                "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val,
-               "best_val_loss": min((e["val_loss"] for e in evals), default=math.nan),
+               "best_val_loss": min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])),
+                                    default=math.nan),
                "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
                "wall_s": result.get("wall_s", math.nan),
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
@@ -270,15 +277,19 @@ def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
+def counted(group: list[dict]) -> list[dict]:
+    """The runs whose results the means are taken over: finished and not diverged. Diverged runs
+    are counted apart, since their last finite figures are not final ones."""
+    return [r for r in group if r["status"] == "finished" and not r["diverged"]]
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per setting: final val loss mean and std over seeds, and whether it differs from
     the first setting (the baseline) by more than two standard errors of the difference."""
     out = []
     for label, group in by_setting(rows).items():
         ran = [r for r in group if r["status"] in DONE]
-        # diverged runs are counted apart: their last finite loss is not a final loss
-        finite = [r["final_val_loss"] for r in ran if r["status"] == "finished" and not r["diverged"]
-                  and math.isfinite(r["final_val_loss"])]
+        finite = [r["final_val_loss"] for r in counted(group) if math.isfinite(r["final_val_loss"])]
         out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
                     "failed": sum(r["status"] == "failed" for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
@@ -315,7 +326,8 @@ def summary_table(summary: list[dict]) -> str:
 
 def diagnostics_table(rows: list[dict]) -> str:
     """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
-    settings = {label: [r["_evals"][-1] for r in group if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
+    settings = {label: [r["_evals"][-1] for r in counted(group)
+                        if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
                 for label, group in by_setting(rows).items()}
     settings = {label: finals for label, finals in settings.items() if finals}
     lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
@@ -355,7 +367,7 @@ def plot(rows: list[dict], path: Path) -> None:
     groups = by_setting(rows)
     for (label, group), (colour, style) in zip(groups.items(), _styles(len(groups))):
         by_iter = {}
-        for row in group:
+        for row in counted(group):
             for e in row["_evals"]:
                 by_iter.setdefault(e["iter"], []).append(e["val_loss"])
         if not by_iter:
@@ -391,7 +403,7 @@ def plot_diagnostics(rows: list[dict], path: Path) -> None:
     styles = _styles(len(groups))
     for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
         for group, (colour, style) in zip(groups.values(), styles):
-            values = [r["_evals"][-1][key] for r in group if r["_evals"] and key in r["_evals"][-1]]
+            values = [r["_evals"][-1][key] for r in counted(group) if r["_evals"] and key in r["_evals"][-1]]
             if values:
                 mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
                 ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])

@@ -180,3 +180,21 @@ def test_a_sweep_record_without_data_dir_means_the_repository_data():
     assert sweep.changed_settings({"max_iters": 2}, now) == []
     assert sweep.changed_settings({"max_iters": 2}, {**now, "data_dir": "/elsewhere"}) == ["data_dir"]
     assert sweep.changed_settings({**now, "max_iters": 4}, now) == ["max_iters"]
+
+
+def test_diverged_runs_stay_out_of_every_mean_and_nan_out_of_the_best(tmp_path):
+    def final(grad):
+        return {"iter": 4, "val_loss": 2.0, "block_grad_norm": [grad, grad], "block_update_ratio": [1e-3] * 2,
+                "block_rms": [1.0] * 2, "block_pos_sim": [0.5] * 2, "head_entropy": [[1.0], [1.0]]}
+    rows = [{"_setting": "a", "status": "finished", "diverged": False, "_evals": [final(1.0)]},
+            {"_setting": "a", "status": "diverged", "diverged": True, "_evals": [final(1e6)]}]
+    assert "| a | 1.00e+00 / 1.00e+00 |" in sweep.diagnostics_table(rows)
+    # best val loss of a run whose log holds a nan evaluation (kept with --skip_nonfinite)
+    (tmp_path / "sweep.json").write_text(json.dumps({"axes": {"max_iters": [4]}, "seeds": 1,
+                                                      "base_seed": 0, "command": "train"}))
+    run = tmp_path / "max_iters=4__seed=0"
+    run.mkdir()
+    evals = [{"kind": "eval", "iter": i, "train_loss": v, "val_loss": v}
+             for i, v in ((0, math.nan), (2, 3.0), (4, 2.5))]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    assert sweep.collect(tmp_path)[1][0]["best_val_loss"] == 2.5
