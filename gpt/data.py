@@ -204,8 +204,9 @@ class Batches:
 
     def evenly_spaced(self, split: str, n_batches: int):
         """n_batches micro-batches of windows spread evenly over the split, (n_batches, B, T)
-        each for x and y. Every evaluation of every run scores the same windows, and they cover
-        the whole split, so the estimate has less variance than random windows."""
+        each for x and y. Every evaluation of every run scores the same windows, spread from the
+        split's start to its end (a sample of it, not all of it: `diagnostics.whole_split_loss`
+        scores every token), so the estimate has less variance than random windows."""
         windows = self.data[split]
         ix = np.linspace(0, len(windows) - 1, n_batches * self.batch_size).astype(np.int64)
         batch = self._gather(windows, ix, n_batches).to(self.device)

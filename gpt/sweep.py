@@ -110,6 +110,9 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
 
 def run(args, argv: list[str]) -> int:
     """Run the grid described by parsed args (axes in args.sweep), then write the report."""
+    if "WORLD_SIZE" in os.environ:      # every process would start the whole grid, each run DDP
+        raise UserError("a sweep runs its own processes; start it with python train.py, not "
+                        "torchrun (use --jobs=N to run N at once)")
     values = dict(args.values)
     sweep_cfg = build(SweepConfig, values)
     # absolute, because each run's process starts in the repository root

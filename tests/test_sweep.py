@@ -198,3 +198,11 @@ def test_diverged_runs_stay_out_of_every_mean_and_nan_out_of_the_best(tmp_path):
              for i, v in ((0, math.nan), (2, 3.0), (4, 2.5))]
     (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
     assert sweep.collect(tmp_path)[1][0]["best_val_loss"] == 2.5
+
+
+def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert train.main(["--out_dir", str(tmp_path / "sw"), "--sweep", "n_layer=1,2"]) == 2
+    assert "not torchrun (use --jobs=N" in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists()
