@@ -16,9 +16,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = build(SampleConfig, parse_argv(argv, (SampleConfig,)).values)
+        if sys.stdout is None:
+            raise UserError("standard output is closed: there is nowhere to write the samples")
         for text in sample(cfg):
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except BrokenPipeError:
+                raise
+            except OSError as e:        # a full disk, say
+                raise UserError(f"cannot write the samples to standard output ({e.strerror})") from None
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,12 +14,16 @@ def main(argv: list[str] | None = None) -> int:
         print(help_text("train.py", SECTIONS))
         return 0
     from gpt import sweep, trainer
+    from gpt.console import stdout_may_close
+    sweeping = False
     try:
         args = parse_argv(argv)
-        if args.sweep or build(SweepConfig, args.values).seeds > 1:    # built to check seeds, jobs
-            return sweep.run(args, argv)
-        model_cfg, train_cfg = trainer.configs_for_run(args.values)
-        summary = trainer.train(model_cfg, train_cfg, argv)
+        sweeping = bool(args.sweep) or build(SweepConfig, args.values).seeds > 1   # built to check
+        with stdout_may_close():    # | head must not end a run before its next checkpoint
+            if sweeping:
+                return sweep.run(args, argv)
+            model_cfg, train_cfg = trainer.configs_for_run(args.values)
+            summary = trainer.train(model_cfg, train_cfg, argv)
     except trainer.Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return trainer.DIVERGED_EXIT
@@ -27,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
-        print("interrupted; a checkpoint already saved is whole, and --resume continues from it",
+        print("interrupted; run the same command again to continue the sweep" if sweeping else
+              "interrupted; a checkpoint already saved is whole, and --resume continues from it",
               file=sys.stderr)
         return 130
     return 130 if summary["stopped_by"] else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
+from .console import stdout_may_close
 from .model import GPT
 from .data import load_meta
 from .diagnostics import measure
@@ -189,4 +190,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stdout_may_close():        # | head: no traceback for the reader going away
+        sys.exit(main())

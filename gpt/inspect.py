@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .config import UserError
+from .console import stdout_may_close
 from .trainer import read_jsonl
 
 
@@ -149,4 +150,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stdout_may_close():        # | head: no traceback for the reader going away
+        sys.exit(main())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build
+from .console import stdout_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import DIVERGED_EXIT, read_jsonl
@@ -458,4 +459,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with stdout_may_close():        # | head: no traceback for the reader going away
+        sys.exit(main())

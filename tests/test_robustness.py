@@ -405,6 +405,38 @@ def test_sampling_into_a_closed_pipe_stops_quietly(data_dir, tmp_path):
     assert len(proc.stdout) == 5 and proc.stderr == ""
 
 
+@pytest.mark.parametrize("redirect, message", [
+    (">&-", "error: standard output is closed: there is nowhere to write the samples"),
+    ("> /dev/full", "error: cannot write the samples to standard output (No space left on device)"),
+])
+def test_sampling_to_an_unusable_stdout_gets_one_line(redirect, message, data_dir, tmp_path):
+    out = _trained(data_dir, tmp_path)
+    proc = subprocess.run(f"{sys.executable} sample.py --out_dir={out} {redirect}", shell=True,
+                          executable="/bin/bash", cwd=ROOT, stderr=subprocess.PIPE,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr == message + "\n"
+
+
+def test_training_into_a_closed_pipe_trains_to_the_end(data_dir, tmp_path):
+    out = tmp_path / "run"
+    args = " ".join(tiny_args(data_dir, out, "--max_iters=40", "--eval_interval=10"))
+    proc = subprocess.run(f"{sys.executable} train.py {args} | head -1; exit ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("iter 0: train") and proc.stderr == ""
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 40
+
+
+def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt import sweep
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sweep, "run", interrupted)
+    assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", "n_layer=1,2")) == 130
+    assert capsys.readouterr().err == "interrupted; run the same command again to continue the sweep\n"
+
+
 def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
     tiktoken = pytest.importorskip("tiktoken")
 
