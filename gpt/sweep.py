@@ -87,14 +87,17 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
                         "list each value once")
     for r in runs:
         build(GPTConfig, {**values, **r.setting})
-    return [build(TrainConfig, {**values, **r.setting}) for r in runs]
+    return [build(TrainConfig, {**values, **r.setting, "seed": r.seed}) for r in runs]
 
 
-def changed_settings(before: dict, now: dict) -> list[str]:
-    """Names of the shared settings that differ between a sweep folder's record and now."""
+def changed_settings(before: dict, now: dict, axes) -> list[str]:
+    """Names of the shared settings, axes aside, that differ between a sweep folder's record and
+    now. A setting left out counts as its default, so typing a default changes nothing."""
+    defaults = {f: getattr(cls, f) for cls in (GPTConfig, TrainConfig) for f in cls.__dataclass_fields__}
     # a record without data_dir comes from sweeps whose runs read the repository's own
-    before = {"data_dir": str(REPO_ROOT / TrainConfig.data_dir), **before}
-    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    before = {**defaults, "data_dir": str(REPO_ROOT / TrainConfig.data_dir), **before}
+    now = {**defaults, **now}
+    return sorted(k for k in (set(before) | set(now)) - set(axes) if before.get(k) != now.get(k))
 
 
 def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
@@ -121,24 +124,28 @@ def run(args, argv: list[str]) -> int:
     values["out_dir"] = str(out_dir)
     values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
-    runs = expand(args.sweep, sweep_cfg.seeds, base_seed, out_dir)
+    record = _read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
+    axes = args.sweep
+    if record and set(record.get("axes", {})) == set(axes):
+        axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
+    runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
     run_cfgs = _check_grid(args, values, runs)
     shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
-    if (out_dir / "sweep.json").exists():
-        changed = changed_settings(_read_json(out_dir / "sweep.json").get("shared", {}), shared)
+    if record:
+        changed = changed_settings(record.get("shared", {}), shared, {*record.get("axes", {}), *axes})
         if changed:
             raise UserError(f"{out_dir} holds a sweep with other settings ({', '.join(changed)}); "
                             "use another --out_dir, or the same settings to continue it")
+    for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
+        ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
     _write_json(out_dir / "sweep.json",
-                {"axes": args.sweep, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
+                {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
                  "command": " ".join(["python", "train.py", *argv])})
 
-    for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
-        ensure_prepared(*cfg)                        # once, not by every run at once
     todo = []                                        # failed runs are tried again
     for r, cfg in zip(runs, run_cfgs):
         if _done(r.folder):

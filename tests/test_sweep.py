@@ -177,9 +177,31 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
 def test_a_sweep_record_without_data_dir_means_the_repository_data():
     from gpt.config import REPO_ROOT
     now = {"max_iters": 2, "data_dir": str(REPO_ROOT / "data")}
-    assert sweep.changed_settings({"max_iters": 2}, now) == []
-    assert sweep.changed_settings({"max_iters": 2}, {**now, "data_dir": "/elsewhere"}) == ["data_dir"]
-    assert sweep.changed_settings({**now, "max_iters": 4}, now) == ["max_iters"]
+    assert sweep.changed_settings({"max_iters": 2}, now, ()) == []
+    assert sweep.changed_settings({"max_iters": 2}, {**now, "data_dir": "/elsewhere"}, ()) == ["data_dir"]
+    assert sweep.changed_settings({**now, "max_iters": 4}, now, ()) == ["max_iters"]
+    # a default typed out is no change, and an axis is not a shared setting
+    assert sweep.changed_settings(now, {**now, "decay_lr": True}, ()) == []
+    assert sweep.changed_settings({**now, "n_head": 2}, now, ("n_head",)) == []
+
+
+def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    args = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")
+    assert train.main([*args, "--sweep", "residual=true,false", "--sweep", "bias=true,false"]) == 0
+    capsys.readouterr()
+    assert train.main([*args, "--sweep", "bias=true,false", "--sweep", "residual=true,false"]) == 0
+    assert "4 runs (4 already finished)" in capsys.readouterr().out
+    assert json.loads((out / "sweep.json").read_text())["axes"] == {"residual": [True, False],
+                                                                    "bias": [True, False]}
+
+
+def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--dataset=nope", "--sweep", "n_layer=1,2")) == 2
+    assert "nope" in capsys.readouterr().err and not out.exists()
+    assert train.main(tiny_args(data_dir, out, f"--seed={2 ** 32 - 1}", "--seeds=2")) == 2
+    assert "seed=4294967296 must be in [0, 2**32)" in capsys.readouterr().err and not out.exists()
 
 
 def test_diverged_runs_stay_out_of_every_mean_and_nan_out_of_the_best(tmp_path):
