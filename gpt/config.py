@@ -39,6 +39,11 @@ def _positive(obj, *names: str) -> None:
             raise UserError(f"{name}={value} must be positive")
 
 
+def _check_seed(seed: int) -> None:
+    if not 0 <= seed < 2 ** 32:     # what numpy's generators take, and torch's alike
+        raise UserError(f"seed={seed} must be in [0, 2**32)")
+
+
 def _check_choices(obj) -> None:
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
@@ -134,8 +139,7 @@ class TrainConfig:
                      "threads"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
-        if not 0 <= self.seed < 2 ** 32:
-            raise UserError(f"seed={self.seed} must be in [0, 2**32)")
+        _check_seed(self.seed)
         if self.min_lr > self.learning_rate:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
         if self.decay_lr and self.lr_decay_iters <= self.warmup_iters:
@@ -177,6 +181,7 @@ class SampleConfig:
             raise UserError(f"top_k={self.top_k} must not be negative")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p={self.top_p} must be in (0, 1]")
+        _check_seed(self.seed)
 
 
 SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
@@ -234,7 +239,9 @@ def convert(name: str, value, fields: dict = FIELDS):
 
 
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
-    close = difflib.get_close_matches(name, list(fields) + ["config", "sweep"], n=1)
+    classes = {cls for cls, _ in fields.values()}
+    extra = ["config"] * (TrainConfig in classes) + ["sweep"] * (SweepConfig in classes)
+    close = difflib.get_close_matches(name, list(fields) + extra, n=1)
     hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
     return f"unknown option --{name}{hint}"
 
@@ -247,7 +254,9 @@ def available_configs() -> list[str]:
 
 def config_path(name: str) -> Path:
     path = Path(name)
-    if path.suffix == ".toml" and path.is_file():
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise UserError(f"--config {name}: no such file")
         return path
     path = CONFIG_DIR / f"{name}.toml"
     if path.is_file():
@@ -261,24 +270,36 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     """Return (field values, sweep axes) from a TOML config; `[sweep]` holds the axes."""
     path = config_path(name)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: {e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; is it a TOML config?") from None
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
     axes = data.pop("sweep", {})
     if not isinstance(axes, dict):
         raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
-    values = {}
-    for key, value in data.items():
-        values[key] = convert(key, value)
+
+    def typed(key, value):
+        if key not in FIELDS:
+            close = difflib.get_close_matches(key, list(FIELDS), n=1)
+            raise UserError(f"{path}: {key} is not a setting"
+                            f"{f'; did you mean {close[0]}?' if close else '; see --help for the list'}")
+        try:
+            return convert(key, value)
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+    values = {key: typed(key, value) for key, value in data.items()}
     sweep = {}
     for key, value in axes.items():
         if key in SweepConfig.__dataclass_fields__:
-            values[key] = convert(key, value)
+            values[key] = typed(key, value)
         else:
             listed = value if isinstance(value, list) else [value]
             if not listed:
                 raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
-            sweep[key] = [convert(key, v) for v in listed]
+            sweep[key] = [typed(key, v) for v in listed]
     return values, sweep
 
 
@@ -307,9 +328,11 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
                 value = "true"
             else:
                 raise UserError(f"--{name} needs a value: --{name}=VALUE")
-        if name == "config":
+        if name == "sweep" and SweepConfig not in sections:
+            raise UserError("--sweep: this command runs one setting; sweeps run with python train.py")
+        if name == "config" and TrainConfig in sections:
             config_name = value
-        elif name == "sweep":
+        elif name == "sweep" and SweepConfig in sections:
             axis, eq, values = value.partition("=")
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
@@ -325,6 +348,11 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     values.update(raw)
+    if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
+        for name in file_sweep.keys() - raw.keys():
+            raise UserError(f"{config_name} sweeps {name}; this command runs one setting: pick "
+                            f"one with --{name}={_shown(file_sweep[name][0])}")
+        return Args(values=values, sweep={})
     for name in raw.keys() & (file_sweep.keys() - sweep.keys()):   # the file's axis would win unseen
         shown = ",".join(_shown(v) for v in file_sweep[name])
         raise UserError(f"--{name}={_shown(raw[name])} is also swept by {config_name} ({name}={shown}); "

@@ -125,6 +125,39 @@ def test_more_command_lines_that_name_the_fix(argv, message):
         parse_argv(argv)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "shakespeare_char"], "unknown option --config; see --help"),
+    (["--sweep", "n_layer=1,2"], "--sweep: this command runs one setting; sweeps run with python train.py"),
+    (["--seed=99999999999999999999"], "seed=99999999999999999999 must be in [0, 2**32)"),
+])
+def test_sample_takes_neither_configs_nor_sweeps(argv, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        build(SampleConfig, parse_argv(argv, (SampleConfig,)).values)
+
+
+def test_a_command_for_one_setting_needs_a_value_for_each_axis_of_a_sweep_config():
+    sections = (GPTConfig, TrainConfig)
+    with pytest.raises(UserError, match=re.escape("sweeps/heads sweeps n_head; this command runs one "
+                                                  "setting: pick one with --n_head=1")):
+        parse_argv(["--config", "sweeps/heads"], sections)
+    args = parse_argv(["--config", "sweeps/heads", "--n_head=2"], sections)
+    assert args.values["n_head"] == 2 and args.sweep == {}
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe", "is not UTF-8 text; is it a TOML config?"),
+    (b'config = "x"', "c.toml: config is not a setting; see --help"),
+    (b"n_layr = 2", "c.toml: n_layr is not a setting; did you mean n_layer?"),
+    (b'n_layer = "x"', "c.toml: n_layer='x' is not a valid int"),
+])
+def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
+    (tmp_path / "c.toml").write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(message)):
+        parse_argv(["--config", str(tmp_path / "c.toml")])
+    with pytest.raises(UserError, match=re.escape(f"--config {tmp_path / 'x.toml'}: no such file")):
+        parse_argv(["--config", str(tmp_path / "x.toml")])
+
+
 def test_a_config_file_path_works(tmp_path: Path):
     path = tmp_path / "mine.toml"
     path.write_text('n_layer = 3\nlearning_rate = 1\n[sweep]\nresidual = [true, false]\nseeds = 2\n')
