@@ -99,7 +99,13 @@ def read_text(input_path: Path, download_url: str | None = None) -> str:
         except OSError as e:
             raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                             f"from {download_url} at {input_path} and run again") from None
-    return input_path.read_text(encoding="utf-8")
+    try:
+        return input_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{input_path} is not UTF-8 text (byte {e.start}); convert it, e.g. with "
+                        f"iconv -t utf-8") from None
+    except OSError as e:        # a folder, or no permission
+        raise UserError(f"{input_path} cannot be read ({e.strerror}); give a text file") from None
 
 
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
@@ -110,18 +116,28 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
     if tok.vocab_size > 65536:
         raise UserError(f"vocabulary of {tok.vocab_size} does not fit uint16 token ids")
     n = int(len(text) * (1 - val_fraction))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out_dir} cannot be made a folder ({e.strerror}); pick another --out_dir") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"{out_dir} is not writable; pick another --out_dir")
     sizes = {}
-    for split, part in (("train", text[:n]), ("val", text[n:])):
-        ids = np.array(tok.encode(part), dtype=np.uint16)
-        tmp = out_dir / f"{split}.bin.tmp{os.getpid()}"      # two preparers never share a file
-        ids.tofile(tmp)
-        os.replace(tmp, out_dir / f"{split}.bin")
-        sizes[split] = len(ids)
-    meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
-    tmp = out_dir / f"meta.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
-    os.replace(tmp, out_dir / "meta.json")
+    path = out_dir
+    try:
+        for split, part in (("train", text[:n]), ("val", text[n:])):
+            ids = np.array(tok.encode(part), dtype=np.uint16)
+            path = out_dir / f"{split}.bin"
+            tmp = out_dir / f"{split}.bin.tmp{os.getpid()}"      # two preparers never share a file
+            ids.tofile(tmp)
+            os.replace(tmp, path)
+            sizes[split] = len(ids)
+        meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
+        path, tmp = out_dir / "meta.json", out_dir / f"meta.json.tmp{os.getpid()}"
+        tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:        # a folder where a file goes, a full disk
+        raise UserError(f"cannot write {path} ({e.strerror})") from None
     return meta
 
 
@@ -175,6 +191,8 @@ class Batches:
         self.data, self.ids = {}, {}
         for split in ("train", "val"):
             path = folder / f"{split}.bin"
+            if not path.is_file():
+                raise UserError(f"{path} is not a file; prepare the dataset again")
             size = path.stat().st_size
             if size % 2:
                 raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
@@ -241,7 +259,7 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
         else:
             text = read_text(out_dir / "input.txt", url)
         meta = prepare(text, out_dir, tokenizer)
-    except (UserError, UnicodeDecodeError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "

@@ -39,6 +39,26 @@ def test_prepare_script_on_a_users_file(tmp_path):
     assert meta["chars"] == sorted(set("hello world\n"))
 
 
+@pytest.mark.parametrize("case, message", [
+    ("folder_as_input", "cannot be read (Is a directory); give a text file"),
+    ("not_utf8", "is not UTF-8 text (byte 1); convert it"),
+    ("file_as_out_dir", "cannot be made a folder (File exists); pick another --out_dir"),
+])
+def test_prepare_script_names_bad_paths_in_one_line(case, message, tmp_path, capsys):
+    from gpt.data import prepare_main
+    src, out = tmp_path / "mine.txt", tmp_path / "out"
+    src.write_text("hello world\n" * 50)
+    if case == "folder_as_input":
+        src = tmp_path
+    elif case == "not_utf8":
+        src.write_bytes(b"a\xd8b")
+    else:
+        out = src
+    assert prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.splitlines()) == 1
+
+
 def test_bpe_prepare_round_trip(tmp_path, monkeypatch):
     tiktoken = pytest.importorskip("tiktoken")
     try:
@@ -105,3 +125,12 @@ def test_a_split_of_block_size_plus_one_tokens_has_its_one_window(tmp_path):
     assert x.tolist() == [[[7, 8]] * 4] and y.tolist() == [[[8, 9]] * 4]
     with pytest.raises(UserError, match="has 3 tokens, too few for block_size=3"):
         Batches(tmp_path, 3, 4, "cpu", 0)
+
+
+def test_a_split_file_that_is_a_folder_is_named(data_dir, tmp_path):
+    (data_dir / "tiny" / "val.bin").unlink()
+    (data_dir / "tiny" / "val.bin").mkdir()
+    with pytest.raises(UserError, match="val.bin is not a file; prepare the dataset again"):
+        Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
+    with pytest.raises(UserError, match=r"cannot write .*val.bin \(Is a directory\)"):
+        prepare("hello world\n" * 50, data_dir / "tiny")
