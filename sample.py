@@ -4,7 +4,6 @@ The checkpoint carries the model's config and vocabulary, so nothing else is nee
 
 import os
 import sys
-from pathlib import Path
 
 from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
 
@@ -41,19 +40,12 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
+    from gpt.data import read_prompt
     from gpt.trainer import resolve_device
 
     device = resolve_device(cfg.device)
     model, tok = checkpoint.load_for_sampling(cfg.out_dir, device)
-    prompt = cfg.start
-    if prompt.startswith("FILE:"):
-        path = Path(prompt[5:])
-        if not path.is_file():
-            raise UserError(f"--start=FILE:{path}: no such file")
-        try:
-            prompt = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
+    prompt = read_prompt(cfg.start)
     ids = tok.encode(prompt)
     if not ids:
         raise UserError("--start is empty; give at least one character")

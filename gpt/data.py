@@ -108,6 +108,24 @@ def read_text(input_path: Path, download_url: str | None = None) -> str:
         raise UserError(f"{input_path} cannot be read ({e.strerror}); give a text file") from None
 
 
+def read_prompt(start: str) -> str:
+    """A --start value: the prompt itself, or FILE:path for the text of a file."""
+    if not start.startswith("FILE:"):
+        return start
+    if not start[5:]:
+        raise UserError("--start=FILE: names no file; give FILE:path to a text file")
+    path = Path(start[5:])
+    if not path.is_file():
+        raise UserError(f"--start=FILE:{start[5:]}: {'not a file' if path.exists() else 'no such file'}; "
+                        "give FILE:path to a text file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"--start=FILE:{path} cannot be read ({e.strerror})") from None
+
+
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
     """Tokenize text, split it train/val, and write train.bin, val.bin and meta.json."""
     if not text:

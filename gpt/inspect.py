@@ -30,8 +30,9 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     import torch
 
     from . import checkpoint
+    from .data import read_prompt
     model, tok = checkpoint.load_for_sampling(out_dir)
-    ids = tok.encode(prompt)[-model.config.block_size:]
+    ids = tok.encode(read_prompt(prompt))[-model.config.block_size:]
     if not ids:
         raise UserError("--start is empty; give the prompt whose attention to draw")
     maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)
@@ -54,10 +55,18 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
 
 
 def _save(fig, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    pyplot().close(fig)
+    kinds = fig.canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in kinds:
+        raise UserError(f"--out {out}: a picture's name must end in a format matplotlib writes, "
+                        "such as .png, .pdf or .svg")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(out, dpi=100)
+    except OSError as e:
+        raise UserError(f"--out {out} cannot be written ({e.strerror})") from None
+    finally:
+        pyplot().close(fig)
 
 
 def _per_block(ax, evals, key, title, log=False):
@@ -81,8 +90,9 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     if not path.exists():
         raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
     rows = read_jsonl(path)
-    evals = [r for r in rows if r["kind"] == "eval"]
-    steps = [r for r in rows if r["kind"] == "train"]
+    # lines of another shape (hand-edited, another program's) are left out rather than fatal
+    evals = [r for r in rows if r["kind"] == "eval" and {"train_loss", "val_loss"} <= r.keys()]
+    steps = [r for r in rows if r["kind"] == "train" and {"loss", "lr"} <= r.keys()]
     if not evals:
         raise UserError(f"{path} has no evaluation yet")
     plt = pyplot()

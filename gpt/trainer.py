@@ -135,7 +135,11 @@ def seed_everything(seed: int) -> None:
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a metrics.jsonl; a line cut short by a kill is skipped."""
     rows = []
-    for line in Path(path).read_text().splitlines():
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror})") from None
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pytest
@@ -134,3 +135,15 @@ def test_a_split_file_that_is_a_folder_is_named(data_dir, tmp_path):
         Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
     with pytest.raises(UserError, match=r"cannot write .*val.bin \(Is a directory\)"):
         prepare("hello world\n" * 50, data_dir / "tiny")
+
+
+@pytest.mark.parametrize("start, message", [
+    ("FILE:", "--start=FILE: names no file"),
+    ("FILE:{tmp}", "--start=FILE:{tmp}: not a file"),
+    ("FILE:{tmp}/none.txt", "--start=FILE:{tmp}/none.txt: no such file"),
+])
+def test_a_prompt_file_that_cannot_be_read_is_named(start, message, tmp_path):
+    from gpt.data import read_prompt
+    with pytest.raises(UserError, match=re.escape(message.format(tmp=tmp_path))):
+        read_prompt(start.format(tmp=tmp_path))
+    assert read_prompt("ROMEO:") == "ROMEO:"

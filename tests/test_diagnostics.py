@@ -90,7 +90,7 @@ def test_grad_depth_command_prints_json(capsys):
         (d, r, p) for d in (2, 3) for r in (True, False) for p in ("pre", "post")}
 
 
-def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path):
+def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3")) == 0
     evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -103,6 +103,20 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path)
     assert (out / "dashboard.png").stat().st_size > 20_000
     assert inspect.main(["attention", f"--out_dir={out}", "--start=ROMEO: to be"]) == 0
     assert (out / "attention.png").stat().st_size > 20_000
+    # the prompt from a file, as sample.py takes it
+    (tmp_path / "prompt.txt").write_text("ROMEO: to be")
+    assert inspect.main(["attention", f"--out_dir={out}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
+                         f"--out={tmp_path / 'a.png'}"]) == 0
+    assert (tmp_path / "a.png").read_bytes() == (out / "attention.png").read_bytes()
+    # bad names for the picture, and lines of another shape in the log
+    for bad, message in ((tmp_path / "a.txt", "a format matplotlib writes, such as .png"),
+                         (out / "ckpt.pt" / "x.png", "cannot be written")):
+        assert inspect.main(["run", str(out), f"--out={bad}"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.splitlines()) == 1
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "eval", "iter": 9}\n{"kind": "train", "iter": 9}\n\xff\n')
+    assert inspect.main(["run", str(out)]) == 0
 
 
 def test_inspect_errors_are_one_line(tmp_path, capsys):
