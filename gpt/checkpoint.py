@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import zipfile
 from pathlib import Path
 
 import torch
@@ -48,6 +49,8 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
+    if not zipfile.is_zipfile(path):    # torch.save writes a zip; its end is the first thing a cut loses
+        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:

@@ -66,8 +66,13 @@ def resolve_device(name: str) -> str:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise UserError(f"device={name!r}: the CPU is one device; use --device=cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device={name!r} but CUDA is not available here; use --device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device={name!r} but there are {torch.cuda.device_count()} GPUs here "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device={name!r} but MPS is not available here; use --device=cpu")
     return name
