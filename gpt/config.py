@@ -96,6 +96,17 @@ class GPTConfig:
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
+    def num_params(self) -> int:
+        """Parameters of the model this describes, shared ones once, without building it."""
+        C, H, kv = self.n_embd, self.mlp_ratio * self.n_embd, self.n_kv_head * self.head_size
+        norm = C * (2 if self.norm_type == "layernorm" and self.bias else 1)
+        block = C * (C + 2 * kv) + C * C + 2 * C * H + 2 * norm
+        if self.bias:
+            block += (C + 2 * kv) + C + H + C
+        return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)
+                + (self.block_size * C if self.pos_encoding == "learned" else 0)
+                + (norm if self.norm_placement == "pre" else 0))
+
 
 @dataclass
 class TrainConfig:

@@ -55,6 +55,22 @@ def keep_freed_memory() -> None:
         pass
 
 
+def check_fits(model_cfg: GPTConfig, device: str) -> None:
+    """Refuse a model whose weights, gradients and AdamW moments alone (16 bytes a parameter in
+    float32) exceed the device's whole memory: building it would hang in swap or be killed."""
+    if torch.device(device).type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    elif torch.device(device).type == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        return
+    n = model_cfg.num_params()
+    if 16 * n > total:
+        raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
+                        f"GiB for its weights, gradients and optimizer state, more than the "
+                        f"{total / 2**30:,.1f} GiB here; lower n_layer or n_embd")
+
+
 def resolve_device(name: str) -> str:
     if name == "auto":
         if torch.cuda.is_available():
@@ -310,8 +326,6 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     device_type = torch.device(device).type
     master = rank == 0
     out_dir = Path(cfg.out_dir)
-    if master:
-        _writable(out_dir)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if device_type == "cpu":
@@ -325,8 +339,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         torch.distributed.barrier()
     meta = load_meta(folder)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
+    check_fits(model_cfg, device)
     seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
+    if master:          # only now, so a start that fails on its data or size leaves no folder
+        _writable(out_dir)
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)

@@ -354,3 +354,10 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
     pytest.importorskip("huggingface_hub")
     with pytest.raises(UserError, match="is not a folder, and the hub could not give it"):
         GPT.from_pretrained(str(tmp_path / "no" / "such" / "folder"))
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(bias=False, norm_type="rmsnorm"), dict(norm_placement="post"),
+                                   dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3)])
+def test_the_config_counts_the_parameters_of_its_model(flags):
+    cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)
+    assert cfg.num_params() == GPT(cfg).num_params()

@@ -214,6 +214,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"too few for block_size=100000"),
     ("missing dataset", "train", lambda d, t, g: tiny_args(d, t / "o", "--dataset=nosuch"),
      r"dataset 'nosuch' is not prepared"),
+    ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
+     r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
      r"out_dir=.* cannot be written"),
     ("nothing to resume", "train", lambda d, t, g: tiny_args(d, t / "empty", "--resume"),
@@ -295,6 +297,7 @@ def test_bad_input_gets_one_line_and_loses_nothing(name, script, argv, message, 
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert re.search(message, err), err
     assert before == {p.name: p.read_bytes() for p in good.iterdir()}
+    assert not (tmp_path / "o").exists()        # a start that fails leaves no folder behind
 
 
 def test_the_scripts_exit_2_without_a_traceback():
