@@ -139,6 +139,8 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_p
     events = [json.loads(x) for x in (out2 / "metrics.jsonl").read_text().splitlines()]
     assert [e["iter"] for e in events if e["kind"] == "event"] == [14]
     assert checkpoint.load(out2 / "ckpt.pt")["iter"] == 30
+    said = capsys.readouterr().out
+    assert "; 1 non-finite step skipped" in said and "holds iteration" not in said
 
 
 def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch,
@@ -168,6 +170,14 @@ def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data
     events = [json.loads(x) for x in (out2 / "metrics.jsonl").read_text().splitlines()]
     assert [(e["iter"], e["event"]) for e in events if e["kind"] == "event"] == [(20, "nonfinite evaluation")]
     assert checkpoint.load(out2 / "ckpt.pt")["iter"] == 30
+    # a non-finite final evaluation, skipped: the closing line says where the checkpoint stands
+    calls["n"] = 0
+    capsys.readouterr()
+    out3 = tmp_path / "skip_last"
+    assert train.main(tiny_args(data_dir, out3, "--max_iters=20", "--eval_interval=10",
+                                "--diagnostics=false", "--skip_nonfinite=true")) == 0
+    assert "ckpt.pt holds iteration 10, the last finite evaluation" in capsys.readouterr().out
+    assert checkpoint.load(out3 / "ckpt.pt")["iter"] == 10
 
 
 def test_wandb_failure_warns_once_and_training_goes_on(data_dir, tmp_path, monkeypatch, capsys):
