@@ -188,12 +188,11 @@ def test_a_sweep_record_without_data_dir_means_the_repository_data():
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     args = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")
-    assert train.main([*args, "--sweep", "residual=true,false", "--sweep", "bias=true,false"]) == 0
+    assert train.main([*args, "--sweep", "residual=true", "--sweep", "bias=true,false"]) == 0
     capsys.readouterr()
-    assert train.main([*args, "--sweep", "bias=true,false", "--sweep", "residual=true,false"]) == 0
-    assert "4 runs (4 already finished)" in capsys.readouterr().out
-    assert json.loads((out / "sweep.json").read_text())["axes"] == {"residual": [True, False],
-                                                                    "bias": [True, False]}
+    assert train.main([*args, "--sweep", "bias=true,false", "--sweep", "residual=true"]) == 0
+    assert "2 runs (2 already finished)" in capsys.readouterr().out
+    assert json.loads((out / "sweep.json").read_text())["axes"] == {"residual": [True], "bias": [True, False]}
 
 
 def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_dir, tmp_path, capsys):
