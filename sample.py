@@ -2,10 +2,10 @@
 
 The checkpoint carries the model's config and vocabulary, so nothing else is needed."""
 
-import os
 import sys
 
 from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
+from gpt.console import silence
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,17 +21,16 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sys.stdout.write(text)
                 sys.stdout.flush()
-            except BrokenPipeError:
-                raise
-            except OSError as e:        # a full disk, say
+            except OSError as e:
+                silence(sys.stdout)     # what is left in its buffer must not fail again at exit
+                if isinstance(e, BrokenPipeError):      # the reader went away (| head): stop quietly
+                    return 0
                 raise UserError(f"cannot write the samples to standard output ({e.strerror})") from None
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:     # the reader went away (| head): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nothing left to flush
     return 0
 
 

@@ -1,9 +1,10 @@
-"""Standard output that may lose its reader (`python train.py | head`) without stopping the work.
+"""Standard output that may become unwritable (`python train.py | head`, a full disk) without
+stopping the work.
 
-Python turns a write to a closed pipe into BrokenPipeError; raised in the middle of training it
-would end the run before its next checkpoint. Inside `stdout_may_close()`, the first such error
-silences standard output instead, and the program carries on unheard. A stdout closed outright
-(`>&-`) is silent from the start.
+Python turns a write to a closed pipe into BrokenPipeError, and to a full disk into OSError;
+raised in the middle of training, either would end the run before its next checkpoint. Inside
+`stdout_may_close()`, the first such error silences standard output instead, and the program
+carries on unheard. A stdout closed outright (`>&-`) is silent from the start.
 """
 
 from __future__ import annotations
@@ -14,31 +15,51 @@ import os
 import sys
 
 
+def silence(stream) -> None:
+    """Point the stream's file descriptor at /dev/null, so what it still buffers, flushed at exit,
+    goes nowhere instead of failing again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+
+
 class _Quiet(io.TextIOBase):
     def __init__(self, stream):
-        self.stream = stream if stream is not None else open(os.devnull, "w")
+        self.stream, self.lost = stream, stream is None
 
     def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            self._silence()
-            return len(text)
+        if not self.lost:
+            try:
+                self.stream.write(text)
+            except OSError:             # BrokenPipeError, a full disk, EINVAL on Windows
+                self._lose()
+        return len(text)
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            self._silence()
+        if not self.lost:
+            try:
+                self.stream.flush()
+            except OSError:
+                self._lose()
 
-    def _silence(self) -> None:
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-            # what the stream still buffers is flushed at exit: let that go nowhere, quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
-        self.stream = open(os.devnull, "w")
+    def _lose(self) -> None:
+        self.lost = True
+        silence(self.stream)
 
     def isatty(self) -> bool:
-        return self.stream.isatty()
+        return not self.lost and self.stream.isatty()
+
+    def fileno(self) -> int:            # for tools that write to the descriptor (wandb's capture)
+        if self.lost:
+            raise io.UnsupportedOperation("standard output is closed")
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
 
 
 @contextlib.contextmanager

@@ -60,10 +60,11 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
     float32) exceed the device's whole memory: building it would hang in swap or be killed."""
     if torch.device(device).type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
-    elif torch.device(device).type == "cpu":
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     else:
-        return
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):     # Windows has no sysconf: no check
+            return
     n = model_cfg.num_params()
     if 16 * n > total:
         raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
@@ -369,15 +370,16 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
         if master:
-            print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}")
+            print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
-        old = [p for p in (metrics_path, out_dir / "ckpt.pt", out_dir / "ckpt_best.pt",
-                           out_dir / "ckpt.pt.tmp", out_dir / "ckpt_best.pt.tmp") if p.exists()]
+        old = [p for p in (metrics_path, out_dir / "command.txt", out_dir / "ckpt.pt",
+                           out_dir / "ckpt_best.pt", out_dir / "ckpt.pt.tmp", out_dir / "ckpt_best.pt.tmp")
+               if p.exists()]
         for path in old:
             path.unlink()
         if any(p.name.startswith("ckpt") for p in old):
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints "
-                  "(--resume continues a run instead)")
+                  "(--resume continues a run instead)", flush=True)
 
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
@@ -465,6 +467,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
                               f"(unigram level {unigram:.2f}), lr {lr:.2e}, "
                               f"{row['tokens_per_sec']:,.0f} tokens/s")
+                    sys.stdout.flush()      # now, not at exit, when the output is piped (| tee)
                 if not finite:      # weights gone bad: saving them would replace the last good ones
                     if master:
                         metrics.log({"kind": "event", "iter": it, "event": "nonfinite evaluation"})

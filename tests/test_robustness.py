@@ -429,26 +429,36 @@ def test_sampling_into_a_closed_pipe_stops_quietly(data_dir, tmp_path):
     assert len(proc.stdout) == 5 and proc.stderr == ""
 
 
+def shell(command, buffered, **kwargs):
+    """Run a bash command line with Python's stdout buffered as it is by default, or unbuffered."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    return subprocess.run(command, shell=True, executable="/bin/bash", cwd=ROOT, env=env, text=True,
+                          timeout=120, **kwargs)
+
+
+@pytest.mark.parametrize("buffered", [True, False])
 @pytest.mark.parametrize("redirect, message", [
     (">&-", "error: standard output is closed: there is nowhere to write the samples"),
     ("> /dev/full", "error: cannot write the samples to standard output (No space left on device)"),
 ])
-def test_sampling_to_an_unusable_stdout_gets_one_line(redirect, message, data_dir, tmp_path):
+def test_sampling_to_an_unusable_stdout_gets_one_line(redirect, message, buffered, data_dir, tmp_path):
     out = _trained(data_dir, tmp_path)
-    proc = subprocess.run(f"{sys.executable} sample.py --out_dir={out} {redirect}", shell=True,
-                          executable="/bin/bash", cwd=ROOT, stderr=subprocess.PIPE,
-                          text=True, timeout=120)
+    proc = shell(f"{sys.executable} sample.py --out_dir={out} {redirect}", buffered, stderr=subprocess.PIPE)
     assert proc.returncode == 2 and proc.stderr == message + "\n"
 
 
-def test_training_into_a_closed_pipe_trains_to_the_end(data_dir, tmp_path):
+@pytest.mark.parametrize("buffered", [True, False])
+@pytest.mark.parametrize("sink", ["| head -1", "> /dev/full"])
+def test_training_into_an_unwritable_stdout_trains_to_the_end(sink, buffered, data_dir, tmp_path):
     out = tmp_path / "run"
-    args = " ".join(tiny_args(data_dir, out, "--max_iters=40", "--eval_interval=10"))
-    proc = subprocess.run(f"{sys.executable} train.py {args} | head -1; exit ${{PIPESTATUS[0]}}",
-                          shell=True, executable="/bin/bash", cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.startswith("iter 0: train") and proc.stderr == ""
-    assert checkpoint.load(out / "ckpt.pt")["iter"] == 40
+    args = " ".join(tiny_args(data_dir, out, "--max_iters=100", "--eval_interval=10"))
+    proc = shell(f"{sys.executable} train.py {args} {sink}; exit ${{PIPESTATUS[0]}}", buffered,
+                 capture_output=True)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout.startswith("iter 0: train") if "head" in sink else proc.stdout == ""
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 100
 
 
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
