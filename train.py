@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
-        print("interrupted; run the same command again to continue the sweep" if sweeping else
+        print("sweep interrupted; run the same command again to continue" if sweeping else
               "interrupted; a checkpoint already saved is whole, and --resume continues from it",
               file=sys.stderr)
         return 130

@@ -33,8 +33,9 @@ from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
 # must match whole ("L4" is not "L40S"), and the first match wins, so variants come first
-GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12,
-                 "A10": 125e12, "4090": 165e12, "3090": 71e12}
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12,
+                 "GH200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12,
+                 "3090": 71e12}
 
 
 @dataclass

@@ -49,7 +49,12 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
-    if not zipfile.is_zipfile(path):    # torch.save writes a zip; its end is the first thing a cut loses
+    try:
+        with open(path, "rb") as f:
+            whole = zipfile.is_zipfile(f)   # torch.save writes a zip; its end is what a cut loses
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
+    if not whole:
         raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt)")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

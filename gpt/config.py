@@ -196,6 +196,7 @@ class SampleConfig:
 
 
 SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
+RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume")   # a sweep sets these itself
 
 
 def fields_of(sections) -> dict:
@@ -264,17 +265,17 @@ def available_configs() -> list[str]:
 
 
 def config_path(name: str) -> Path:
+    """A .toml path as given, else a config shipped in configs/ ('.toml' optional)."""
     path = Path(name)
-    if path.suffix == ".toml":
-        if not path.is_file():
-            raise UserError(f"--config {name}: no such file")
+    if path.suffix == ".toml" and path.is_file():
         return path
-    path = CONFIG_DIR / f"{name}.toml"
-    if path.is_file():
-        return path
-    close = difflib.get_close_matches(name, available_configs(), n=1)
+    stem = name.removesuffix(".toml")
+    if (CONFIG_DIR / f"{stem}.toml").is_file():
+        return CONFIG_DIR / f"{stem}.toml"
+    close = difflib.get_close_matches(stem, available_configs(), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    raise UserError(f"no config named {name!r}; {hint}available: {', '.join(available_configs())}")
+    what = "no such file, nor a shipped config of that name" if path.suffix == ".toml" else "no config named"
+    raise UserError(f"{what} {name!r}; {hint}available: {', '.join(available_configs())}")
 
 
 def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
@@ -341,6 +342,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
                 raise UserError(f"--{name} needs a value: --{name}=VALUE")
         if name == "sweep" and SweepConfig not in sections:
             raise UserError("--sweep: this command runs one setting; sweeps run with python train.py")
+        if name == "config" and TrainConfig not in sections:
+            raise UserError("--config: this command takes the model's settings from the checkpoint "
+                            "in --out_dir")
         if name == "config" and TrainConfig in sections:
             config_name = value
         elif name == "sweep" and SweepConfig in sections:
@@ -360,14 +364,20 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     values.update(raw)
     if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
-        for name in file_sweep.keys() - raw.keys():
-            raise UserError(f"{config_name} sweeps {name}; this command runs one setting: pick "
-                            f"one with --{name}={_shown(file_sweep[name][0])}")
+        unset = [name for name in file_sweep if name not in raw]
+        if unset:
+            picks = " ".join(f"--{name}={_shown(file_sweep[name][0])}" for name in unset)
+            raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
+                            f"setting: pick one value for each, e.g. {picks}")
         return Args(values=values, sweep={})
-    for name in raw.keys() & (file_sweep.keys() - sweep.keys()):   # the file's axis would win unseen
-        shown = ",".join(_shown(v) for v in file_sweep[name])
-        raise UserError(f"--{name}={_shown(raw[name])} is also swept by {config_name} ({name}={shown}); "
-                        f"to run only some values, give them as --sweep {name}={_shown(raw[name])}")
+    for name in [n for n in {**file_sweep, **sweep} if n in RESERVED_AXES]:
+        hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
+        raise UserError(f"--sweep {name}: the sweep sets {name} itself{hint}")
+    for name in [n for n in {**file_sweep, **sweep} if n in raw]:  # the axis would win unseen
+        axis = sweep.get(name, file_sweep.get(name))
+        where = "--sweep" if name in sweep else config_name
+        raise UserError(f"--{name}={_shown(raw[name])} is also swept by {where} ({name}="
+                        f"{','.join(_shown(v) for v in axis)}); give one or the other")
     return Args(values=values, sweep={**file_sweep, **sweep})
 
 

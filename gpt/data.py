@@ -140,22 +140,26 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
         raise UserError(f"{out_dir} cannot be made a folder ({e.strerror}); pick another --out_dir") from None
     if not os.access(out_dir, os.W_OK):
         raise UserError(f"{out_dir} is not writable; pick another --out_dir")
-    sizes = {}
-    path = out_dir
+    targets = [out_dir / name for name in ("train.bin", "val.bin", "meta.json")]
+    for path in targets:
+        if path.exists() and not path.is_file():
+            raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
+    pid = os.getpid()                   # two preparers never share a temporary file
+    tmps = [path.with_name(f"{path.name}.tmp{pid}") for path in targets]
     try:
-        for split, part in (("train", text[:n]), ("val", text[n:])):
+        sizes = {}
+        for split, part, tmp in (("train", text[:n], tmps[0]), ("val", text[n:], tmps[1])):
             ids = np.array(tok.encode(part), dtype=np.uint16)
-            path = out_dir / f"{split}.bin"
-            tmp = out_dir / f"{split}.bin.tmp{os.getpid()}"      # two preparers never share a file
             ids.tofile(tmp)
-            os.replace(tmp, path)
             sizes[split] = len(ids)
         meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
-        path, tmp = out_dir / "meta.json", out_dir / f"meta.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(meta, ensure_ascii=False, indent=1))
-        os.replace(tmp, path)
-    except OSError as e:        # a folder where a file goes, a full disk
-        raise UserError(f"cannot write {path} ({e.strerror})") from None
+        tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+        for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
+            os.replace(tmp, path)
+    except OSError as e:        # a full disk
+        for tmp in tmps:
+            tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
     return meta
 
 
@@ -210,7 +214,7 @@ class Batches:
         for split in ("train", "val"):
             path = folder / f"{split}.bin"
             if not path.is_file():
-                raise UserError(f"{path} is not a file; prepare the dataset again")
+                raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
             size = path.stat().st_size
             if size % 2:
                 raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")

@@ -54,11 +54,14 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     return out
 
 
-def _save(fig, out: Path) -> None:
-    kinds = fig.canvas.get_supported_filetypes()
-    if out.suffix[1:].lower() not in kinds:
+def _check_picture_name(out: Path) -> None:
+    from matplotlib.figure import Figure
+    if out.suffix[1:].lower() not in Figure().canvas.get_supported_filetypes():
         raise UserError(f"--out {out}: a picture's name must end in a format matplotlib writes, "
                         "such as .png, .pdf or .svg")
+
+
+def _save(fig, out: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
@@ -139,19 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
     att.add_argument("--out_dir", required=True, help="run folder holding ckpt.pt")
-    att.add_argument("--start", default="ROMEO: But soft, what light", help="the prompt")
+    att.add_argument("--start", default="ROMEO: But soft, what light",
+                     help="the prompt, or FILE:path to read it from a file")
     att.add_argument("--out", help="PNG to write (default OUT_DIR/attention.png)")
     run = sub.add_parser("run", help="one-page dashboard of a run's metrics")
     run.add_argument("run_dir", help="run folder holding metrics.jsonl")
     run.add_argument("--out", help="PNG to write (default RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
     try:
+        folder = Path(args.out_dir if args.command == "attention" else args.run_dir)
+        out = Path(args.out or folder / ("attention.png" if args.command == "attention" else "dashboard.png"))
+        _check_picture_name(out)        # before loading or drawing anything
         if args.command == "attention":
-            folder = Path(args.out_dir)
-            path = attention_figure(folder, args.start, Path(args.out or folder / "attention.png"))
+            path = attention_figure(folder, args.start, out)
         else:
-            folder = Path(args.run_dir)
-            path = run_figure(folder, Path(args.out or folder / "dashboard.png"))
+            path = run_figure(folder, out)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

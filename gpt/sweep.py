@@ -38,7 +38,6 @@ class Run:
     folder: Path
 
 
-RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume")   # set by the sweep itself
 DONE = ("finished", "diverged")     # a run with either status is not run again; "failed" is
 
 
@@ -72,12 +71,8 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
 
 
 def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
-    """Fail before anything runs: on axes the sweep sets itself, on two settings that would share
-    a folder, and on any grid point that is not a valid config. Returns each run's TrainConfig."""
-    for axis in args.sweep:
-        if axis in RESERVED_AXES:
-            hint = "; use --seeds=N for seeds" if axis.startswith("seed") else ""
-            raise UserError(f"--sweep {axis}: the sweep sets {axis} itself{hint}")
+    """Fail before anything runs: on --resume, on two settings that would share a folder, and on
+    any grid point that is not a valid config. Returns each run's TrainConfig."""
     if values.get("resume"):
         raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
                         "again without --resume")
@@ -87,7 +82,7 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
                         "list each value once")
     for r in runs:
         build(GPTConfig, {**values, **r.setting})
-    return [build(TrainConfig, {**values, **r.setting, "seed": r.seed}) for r in runs]
+    return [build(TrainConfig, {**values, **r.setting}) for r in runs]
 
 
 def changed_settings(before: dict, now: dict, axes) -> list[str]:
@@ -114,7 +109,7 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
 
 def run(args, argv: list[str]) -> int:
     """Run the grid described by parsed args (axes in args.sweep), then write the report."""
-    if "WORLD_SIZE" in os.environ:      # every process would start the whole grid, each run DDP
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # each rank would run the whole grid
         raise UserError("a sweep runs its own processes; start it with python train.py, not "
                         "torchrun (use --jobs=N to run N at once)")
     values = dict(args.values)
@@ -124,6 +119,9 @@ def run(args, argv: list[str]) -> int:
     values["out_dir"] = str(out_dir)
     values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
+    if base_seed + sweep_cfg.seeds > 2 ** 32:
+        raise UserError(f"--seed={base_seed} --seeds={sweep_cfg.seeds}: the seeds would run to "
+                        f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower --seed")
     record = _read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
     axes = args.sweep
     if record and set(record.get("axes", {})) == set(axes):
@@ -289,9 +287,15 @@ def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def counted(group: list[dict]) -> list[dict]:
-    """The runs whose results the means are taken over: finished and not diverged. Diverged runs
+    """The runs whose final results the tables average: finished and not diverged. Diverged runs
     are counted apart, since their last finite figures are not final ones."""
     return [r for r in group if r["status"] == "finished" and not r["diverged"]]
+
+
+def drawn(group: list[dict]) -> list[dict]:
+    """The runs the pictures show: all but the diverged, so a report taken while a sweep runs
+    shows the runs under way."""
+    return [r for r in group if not r["diverged"]]
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -378,7 +382,7 @@ def plot(rows: list[dict], path: Path) -> None:
     groups = by_setting(rows)
     for (label, group), (colour, style) in zip(groups.items(), _styles(len(groups))):
         by_iter = {}
-        for row in counted(group):
+        for row in drawn(group):
             for e in row["_evals"]:
                 by_iter.setdefault(e["iter"], []).append(e["val_loss"])
         if not by_iter:
@@ -414,7 +418,7 @@ def plot_diagnostics(rows: list[dict], path: Path) -> None:
     styles = _styles(len(groups))
     for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
         for group, (colour, style) in zip(groups.values(), styles):
-            values = [r["_evals"][-1][key] for r in counted(group) if r["_evals"] and key in r["_evals"][-1]]
+            values = [r["_evals"][-1][key] for r in drawn(group) if r["_evals"] and key in r["_evals"][-1]]
             if values:
                 mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
                 ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])

@@ -540,10 +540,11 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,
                    wall_s=time.perf_counter() - t_start)
     if master and not summary["stopped_by"]:
-        notes = [f"{skipped} non-finite step{'s' * (skipped > 1)} skipped"] if skipped else []
+        notes = [f"{skipped} non-finite step{'s' * (skipped > 1)} skipped"
+                 f"{' since resuming' if cfg.resume else ''}"] if skipped else []
         if last_saved != it:        # --skip_nonfinite kept going past a non-finite evaluation
-            notes.append(f"ckpt.pt holds iteration {last_saved}, the last finite evaluation"
-                         if last_saved is not None else "no finite evaluation was saved")
+            notes.append(f"ckpt.pt holds iteration {last_saved}: the evaluations after it were not finite"
+                         if last_saved is not None else "no evaluation was finite, so nothing was saved")
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints in {out_dir}"
               + "".join(f"; {note}" for note in notes))
     return summary

@@ -36,4 +36,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
-    return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *TINY, *extra]
+    """Arguments for a tiny run; a field in extra, as a value or as a --sweep axis, replaces TINY's."""
+    given = {token.removeprefix("--sweep=").removeprefix("--").split("=")[0] for token in extra}
+    tiny = [a for a in TINY if a[2:].split("=")[0] not in given]
+    return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *tiny, *extra]

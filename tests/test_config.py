@@ -89,9 +89,8 @@ def test_sweep_axes_parse_to_typed_lists():
     args = parse_argv(["--sweep", "residual=true,false", "--sweep=n_head=1,2,4", "--seeds=3"])
     assert args.sweep == {"residual": [True, False], "n_head": [1, 2, 4]}
     assert args.values["seeds"] == 3
-    # a --sweep on the command line replaces the file's axis of the same name, and a plain value
-    args = parse_argv(["--config", "sweeps/heads", "--n_head=8", "--sweep", "n_head=2,4"])
-    assert args.sweep["n_head"] == [2, 4]
+    # a --sweep on the command line replaces the file's axis of the same name
+    assert parse_argv(["--config", "sweeps/heads", "--sweep", "n_head=2,4"]).sweep["n_head"] == [2, 4]
 
 
 def test_whole_numbers_parse_exactly():
@@ -117,8 +116,11 @@ def test_help_lists_every_field_with_default_and_meaning():
 @pytest.mark.parametrize("argv, message", [
     (["--sweep", "n_layer=1,2", "--sweep", "n_layer=3"], "--sweep n_layer is given twice"),
     (["--config", "shakespeare_chr"], "did you mean shakespeare_char?"),
-    (["--config", "sweeps/heads", "--n_head=2"], "--n_head=2 is also swept by sweeps/heads "
-     "(n_head=1,2,4,8); to run only some values, give them as --sweep n_head=2"),
+    (["--config", "sweeps/heads", "--n_head=2"],
+     "--n_head=2 is also swept by sweeps/heads (n_head=1,2,4,8); give one or the other"),
+    (["--n_head=8", "--sweep", "n_head=2,4"], "--n_head=8 is also swept by --sweep (n_head=2,4)"),
+    (["--config", "shakespeare_chr.toml"], "no such file, nor a shipped config of that name "
+     "'shakespeare_chr.toml'; did you mean shakespeare_char?"),
 ])
 def test_more_command_lines_that_name_the_fix(argv, message):
     with pytest.raises(UserError, match=re.escape(message)):
@@ -126,7 +128,8 @@ def test_more_command_lines_that_name_the_fix(argv, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--config", "shakespeare_char"], "unknown option --config; see --help"),
+    (["--config", "shakespeare_char"], "--config: this command takes the model's settings from the "
+     "checkpoint in --out_dir"),
     (["--sweep", "n_layer=1,2"], "--sweep: this command runs one setting; sweeps run with python train.py"),
     (["--seed=99999999999999999999"], "seed=99999999999999999999 must be in [0, 2**32)"),
 ])
@@ -137,9 +140,10 @@ def test_sample_takes_neither_configs_nor_sweeps(argv, message):
 
 def test_a_command_for_one_setting_needs_a_value_for_each_axis_of_a_sweep_config():
     sections = (GPTConfig, TrainConfig)
-    with pytest.raises(UserError, match=re.escape("sweeps/heads sweeps n_head; this command runs one "
-                                                  "setting: pick one with --n_head=1")):
-        parse_argv(["--config", "sweeps/heads"], sections)
+    with pytest.raises(UserError, match=re.escape("sweeps/norm_residual sweeps norm_placement, residual, "
+                                                  "learning_rate, warmup_iters; this command runs one "
+                                                  "setting: pick one value for each, e.g. --norm_placement=pre")):
+        parse_argv(["--config", "sweeps/norm_residual"], sections)
     args = parse_argv(["--config", "sweeps/heads", "--n_head=2"], sections)
     assert args.values["n_head"] == 2 and args.sweep == {}
 
@@ -154,8 +158,13 @@ def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
     (tmp_path / "c.toml").write_bytes(content)
     with pytest.raises(UserError, match=re.escape(message)):
         parse_argv(["--config", str(tmp_path / "c.toml")])
-    with pytest.raises(UserError, match=re.escape(f"--config {tmp_path / 'x.toml'}: no such file")):
+    with pytest.raises(UserError, match=re.escape(f"no such file, nor a shipped config of that name "
+                                                  f"'{tmp_path / 'x.toml'}'")):
         parse_argv(["--config", str(tmp_path / "x.toml")])
+
+
+def test_a_shipped_config_may_be_named_with_its_suffix():
+    assert parse_argv(["--config", "sweeps/heads.toml"]).sweep == parse_argv(["--config", "sweeps/heads"]).sweep
 
 
 def test_a_config_file_path_works(tmp_path: Path):

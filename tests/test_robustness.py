@@ -176,7 +176,7 @@ def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data
     out3 = tmp_path / "skip_last"
     assert train.main(tiny_args(data_dir, out3, "--max_iters=20", "--eval_interval=10",
                                 "--diagnostics=false", "--skip_nonfinite=true")) == 0
-    assert "ckpt.pt holds iteration 10, the last finite evaluation" in capsys.readouterr().out
+    assert "ckpt.pt holds iteration 10: the evaluations after it were not finite" in capsys.readouterr().out
     assert checkpoint.load(out3 / "ckpt.pt")["iter"] == 10
 
 
@@ -468,7 +468,7 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
         raise KeyboardInterrupt
     monkeypatch.setattr(sweep, "run", interrupted)
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", "n_layer=1,2")) == 130
-    assert capsys.readouterr().err == "interrupted; run the same command again to continue the sweep\n"
+    assert capsys.readouterr().err == "sweep interrupted; run the same command again to continue\n"
 
 
 def test_bpe_files_out_of_reach_get_one_line(monkeypatch):

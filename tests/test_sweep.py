@@ -200,10 +200,11 @@ def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_d
     assert train.main(tiny_args(data_dir, out, "--dataset=nope", "--sweep", "n_layer=1,2")) == 2
     assert "nope" in capsys.readouterr().err and not out.exists()
     assert train.main(tiny_args(data_dir, out, f"--seed={2 ** 32 - 1}", "--seeds=2")) == 2
-    assert "seed=4294967296 must be in [0, 2**32)" in capsys.readouterr().err and not out.exists()
+    assert ("--seed=4294967295 --seeds=2: the seeds would run to 4294967296, past 2**32 - 1"
+            in capsys.readouterr().err) and not out.exists()
 
 
-def test_diverged_runs_stay_out_of_every_mean_and_nan_out_of_the_best(tmp_path):
+def test_diverged_runs_stay_out_of_the_diagnostics_table_and_nan_out_of_the_best(tmp_path):
     def final(grad):
         return {"iter": 4, "val_loss": 2.0, "block_grad_norm": [grad, grad], "block_update_ratio": [1e-3] * 2,
                 "block_rms": [1.0] * 2, "block_pos_sim": [0.5] * 2, "head_entropy": [[1.0], [1.0]]}
