@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import checkpoint
@@ -70,9 +70,9 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
-def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
+def _check_grid(args, values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
     """Fail before anything runs: on --resume, on two settings that would share a folder, and on
-    any grid point that is not a valid config. Returns each run's TrainConfig."""
+    any grid point that is not a valid config. Returns each run's configs."""
     if values.get("resume"):
         raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
                         "again without --resume")
@@ -80,19 +80,34 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[TrainConfig]:
     if len(set(labels)) != len(labels):
         raise UserError(f"two grid points share the name {max(set(labels), key=labels.count)!r}; "
                         "list each value once")
-    for r in runs:
-        build(GPTConfig, {**values, **r.setting})
-    return [build(TrainConfig, {**values, **r.setting}) for r in runs]
+    return [(build(GPTConfig, {**values, **r.setting}),
+             build(TrainConfig, {**values, **r.setting, "seed": r.seed, "out_dir": str(r.folder)}))
+            for r in runs]
 
 
-def changed_settings(before: dict, now: dict, axes) -> list[str]:
-    """Names of the shared settings, axes aside, that differ between a sweep folder's record and
-    now. A setting left out counts as its default, so typing a default changes nothing."""
-    defaults = {f: getattr(cls, f) for cls in (GPTConfig, TrainConfig) for f in cls.__dataclass_fields__}
-    # a record without data_dir comes from sweeps whose runs read the repository's own
-    before = {**defaults, "data_dir": str(REPO_ROOT / TrainConfig.data_dir), **before}
-    now = {**defaults, **now}
-    return sorted(k for k in (set(before) | set(now)) - set(axes) if before.get(k) != now.get(k))
+# what a run may change between its starts without changing its results
+NOT_COMPARED = {"vocab_size", "threads", "resume", "wandb", "wandb_project", "wandb_run_name"}
+
+
+def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
+    """The settings in which the run already in run.folder (its config.json) differs from the
+    configs the sweep would give it now: reusing it would report old results as new ones."""
+    path = run.folder / "config.json"
+    if not path.exists():
+        return []
+    record = _read_json(path)
+    changed = []
+    for section, cfg in (("model", model_cfg), ("train", train_cfg)):
+        before = record.get(section, {})
+        for f in fields(cfg):
+            if f.name in NOT_COMPARED or f.name not in before:     # not there: newer than the run
+                continue
+            old = before[f.name]
+            if f.name == "data_dir":    # older runs recorded it as given, from the repository root
+                old = str((REPO_ROOT / old).resolve())
+            if old != getattr(cfg, f.name):
+                changed.append(f.name)
+    return changed
 
 
 def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
@@ -128,13 +143,14 @@ def run(args, argv: list[str]) -> int:
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
     runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
     run_cfgs = _check_grid(args, values, runs)
-    shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
-    if record:
-        changed = changed_settings(record.get("shared", {}), shared, {*record.get("axes", {}), *axes})
+    for r, (model_cfg, train_cfg) in zip(runs, run_cfgs):
+        changed = changed_settings(r, model_cfg, train_cfg)
         if changed:
-            raise UserError(f"{out_dir} holds a sweep with other settings ({', '.join(changed)}); "
-                            "use another --out_dir, or the same settings to continue it")
-    for cfg in {(c.data_dir, c.dataset) for c in run_cfgs}:
+            raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
+                            f"{', '.join(changed)}); use another --out_dir, or the same settings "
+                            "to continue it")
+    shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
+    for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +161,7 @@ def run(args, argv: list[str]) -> int:
                  "command": " ".join(["python", "train.py", *argv])})
 
     todo = []                                        # failed runs are tried again
-    for r, cfg in zip(runs, run_cfgs):
+    for r, (_, cfg) in zip(runs, run_cfgs):
         if _done(r.folder):
             continue
         if _finished_by_checkpoint(r, cfg.max_iters):

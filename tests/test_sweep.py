@@ -8,7 +8,7 @@ import pytest
 import train
 from conftest import tiny_args
 from gpt import sweep
-from gpt.config import UserError
+from gpt.config import REPO_ROOT, GPTConfig, TrainConfig, UserError
 
 
 def test_grid_expansion_and_run_names(tmp_path):
@@ -74,7 +74,8 @@ def test_a_sweep_folder_refuses_other_settings_and_counts_completed_checkpoints(
     argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true,false")
     assert train.main(argv) == 0
     assert train.main(argv[:-2] + ["--max_iters=8", "--sweep", "residual=true,false"]) == 2
-    assert "holds a sweep with other settings (max_iters)" in capsys.readouterr().err
+    assert ("holds runs trained with other settings (residual=true__seed=1337: max_iters)"
+            in capsys.readouterr().err)
     # a run that ended but whose result was never recorded (the sweep was stopped just then)
     (out / "residual=false__seed=1337" / "result.json").unlink()
     assert train.main(argv) == 0
@@ -174,15 +175,27 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert not (tmp_path / "sw").exists()
 
 
-def test_a_sweep_record_without_data_dir_means_the_repository_data():
-    from gpt.config import REPO_ROOT
-    now = {"max_iters": 2, "data_dir": str(REPO_ROOT / "data")}
-    assert sweep.changed_settings({"max_iters": 2}, now, ()) == []
-    assert sweep.changed_settings({"max_iters": 2}, {**now, "data_dir": "/elsewhere"}, ()) == ["data_dir"]
-    assert sweep.changed_settings({**now, "max_iters": 4}, now, ()) == ["max_iters"]
-    # a default typed out is no change, and an axis is not a shared setting
-    assert sweep.changed_settings(now, {**now, "decay_lr": True}, ()) == []
-    assert sweep.changed_settings({**now, "n_head": 2}, now, ("n_head",)) == []
+def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+
+    def sweep_with(*extra):
+        return train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", *extra))
+    assert sweep_with("--sweep", "n_head=1,2") == 0
+    assert sweep_with("--sweep", "activation=gelu,relu") == 0
+    capsys.readouterr()
+    # the n_head runs were trained with gelu: they must not stand for relu runs
+    assert sweep_with("--sweep", "n_head=1,2", "--activation=relu") == 2
+    assert "holds runs trained with other settings (n_head=1__seed=1337: activation)" in capsys.readouterr().err
+    # a default typed out is no change; a run recorded with a relative data_dir read the repository's
+    assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu") == 0
+    run = sweep.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
+    record = json.loads((run.folder / "config.json").read_text())
+    model_cfg = GPTConfig(**record["model"])
+    train_cfg = TrainConfig(**{**record["train"], "data_dir": str(REPO_ROOT / "data")})
+    record["train"]["data_dir"] = "data"
+    (run.folder / "config.json").write_text(json.dumps(record))
+    assert sweep.changed_settings(run, model_cfg, train_cfg) == []
+    assert sweep.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == ["data_dir"]
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
