@@ -5,13 +5,14 @@ The checkpoint carries the model's config and vocabulary, so nothing else is nee
 import sys
 
 from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
-from gpt.console import silence
+from gpt.console import output_may_close, silence
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(help_text("sample.py", (SampleConfig,)))
+        with output_may_close(product=True):
+            print(help_text("sample.py", (SampleConfig,)))
         return 0
     try:
         cfg = build(SampleConfig, parse_argv(argv, (SampleConfig,)).values)

@@ -6,24 +6,29 @@ a sweep config, runs the whole grid (see gpt.sweep)."""
 import sys
 
 from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
+from gpt.console import output_may_close
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(help_text("train.py", SECTIONS))
+        with output_may_close(product=True):
+            print(help_text("train.py", SECTIONS))
         return 0
+    with output_may_close():    # | head, a full disk or 2>&- must not end a run before its checkpoint
+        return run(argv)
+
+
+def run(argv: list[str]) -> int:
     from gpt import sweep, trainer
-    from gpt.console import stdout_may_close
     sweeping = False
     try:
         args = parse_argv(argv)
         sweeping = bool(args.sweep) or build(SweepConfig, args.values).seeds > 1   # built to check
-        with stdout_may_close():    # | head must not end a run before its next checkpoint
-            if sweeping:
-                return sweep.run(args, argv)
-            model_cfg, train_cfg = trainer.configs_for_run(args.values)
-            summary = trainer.train(model_cfg, train_cfg, argv)
+        if sweeping:
+            return sweep.run(args, argv)
+        model_cfg, train_cfg = trainer.configs_for_run(args.values)
+        summary = trainer.train(model_cfg, train_cfg, argv)
     except trainer.Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return trainer.DIVERGED_EXIT
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     return 130 if summary["stopped_by"] else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -181,15 +181,22 @@ def main() -> int:
     args = parser.parse_args()
     if args.whole_val:
         from gpt import checkpoint
+        from gpt.config import UserError
         from gpt.diagnostics import whole_split_loss
         for path in args.whole_val:
-            ckpt = checkpoint.load(path)
-            model = checkpoint.load_model(ckpt)
-            cfg = ckpt["train_config"]      # its own dataset; a relative data_dir is from here
-            print(f"{path}: {whole_split_loss(model, val_ids(Path(cfg['data_dir']), cfg['dataset'])):.4f}")
+            try:
+                ckpt = checkpoint.load(path, needs=(*checkpoint.MODEL_KEYS, "train_config"))
+                model = checkpoint.load_model(ckpt)
+                cfg = ckpt["train_config"]      # its own dataset; a relative data_dir is from here
+                ids = val_ids(Path(cfg["data_dir"]), cfg["dataset"])
+            except UserError as e:
+                sys.exit(f"error: {e}")
+            print(f"{path}: {whole_split_loss(model, ids):.4f}")
         return 0
     if args.nanogpt is None:
         parser.error("--nanogpt PATH is required")
+    if not all((args.nanogpt / name).is_file() for name in ("train.py", "model.py")):
+        sys.exit(f"error: {args.nanogpt} is not a nanoGPT checkout (it needs train.py and model.py)")
     data = args.nanogpt / "data" / "shakespeare_char"
     if not (data / "train.bin").exists():
         sys.exit(f"prepare nanoGPT's data first: python {data / 'prepare.py'}")
@@ -208,4 +215,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from gpt.console import output_may_close
+    with output_may_close(product=True):
+        sys.exit(main())

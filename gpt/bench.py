@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import re
 import resource
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
-from .console import stdout_may_close
+from .console import output_may_close
 from .model import GPT
 from .data import load_meta
 from .diagnostics import measure
@@ -89,7 +90,7 @@ def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
         cfg = dataclasses.replace(train_cfg, out_dir=tmp, max_iters=steps, eval_interval=steps,
                                   eval_iters=1, log_interval=1, diagnostics=False, resume=False,
                                   wandb=False)
-        with contextlib.redirect_stdout(sys.stderr):     # keep stdout for the result
+        with contextlib.redirect_stdout(io.StringIO()):  # the inner run's lines are not the result
             train(model_cfg, cfg)
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= bench.bench_warmup]
@@ -191,5 +192,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stdout_may_close():        # | head: no traceback for the reader going away
+    with output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

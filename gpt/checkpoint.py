@@ -47,6 +47,9 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     """The checkpoint at path, holding at least the keys `needs`. mmap=True maps the tensors
     instead of reading them: for callers that want only its plain values (configs, iteration)."""
     path = Path(path)
+    if path.parent.is_file():
+        raise UserError(f"{path.parent} is a file, not a run folder; give the out_dir a run was "
+                        "trained into")
     if not path.is_file():
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
     try:

@@ -1,10 +1,10 @@
-"""Standard output that may become unwritable (`python train.py | head`, a full disk) without
-stopping the work.
+"""Standard output and error that may become unwritable (`python train.py | head`, a full
+disk, `2>&-`) without stopping the work.
 
 Python turns a write to a closed pipe into BrokenPipeError, and to a full disk into OSError;
 raised in the middle of training, either would end the run before its next checkpoint. Inside
-`stdout_may_close()`, the first such error silences standard output instead, and the program
-carries on unheard. A stdout closed outright (`>&-`) is silent from the start.
+`output_may_close()`, the first such error silences that stream instead, and the program carries
+on unheard. A stream closed outright (`>&-`) is silent from the start.
 """
 
 from __future__ import annotations
@@ -28,25 +28,25 @@ def silence(stream) -> None:
 
 class _Quiet(io.TextIOBase):
     def __init__(self, stream):
-        self.stream, self.lost = stream, stream is None
+        self.stream, self.lost, self.error = stream, stream is None, None
 
     def write(self, text: str) -> int:
         if not self.lost:
             try:
                 self.stream.write(text)
-            except OSError:             # BrokenPipeError, a full disk, EINVAL on Windows
-                self._lose()
+            except OSError as e:        # BrokenPipeError, a full disk, EINVAL on Windows
+                self._lose(e)
         return len(text)
 
     def flush(self) -> None:
         if not self.lost:
             try:
                 self.stream.flush()
-            except OSError:
-                self._lose()
+            except OSError as e:
+                self._lose(e)
 
-    def _lose(self) -> None:
-        self.lost = True
+    def _lose(self, error: OSError) -> None:
+        self.lost, self.error = True, error
         silence(self.stream)
 
     def isatty(self) -> bool:
@@ -54,7 +54,7 @@ class _Quiet(io.TextIOBase):
 
     def fileno(self) -> int:            # for tools that write to the descriptor (wandb's capture)
         if self.lost:
-            raise io.UnsupportedOperation("standard output is closed")
+            raise io.UnsupportedOperation("the stream is closed")
         return self.stream.fileno()
 
     @property
@@ -63,10 +63,20 @@ class _Quiet(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def stdout_may_close():
-    saved = sys.stdout
-    sys.stdout = _Quiet(saved)
+def output_may_close(product: bool = False):
+    """stdout and stderr that go quiet when they cannot be written. With product=True the
+    output is what the command is for: one that could not be written for a reason other than its
+    reader going away (a full disk) ends the command with status 1 and says so."""
+    saved = sys.stdout, sys.stderr
+    out = sys.stdout = _Quiet(sys.stdout)
+    err = sys.stderr = _Quiet(sys.stderr)
     try:
         yield
     finally:
-        sys.stdout = saved
+        out.flush()     # here, where a failure is caught, not at exit
+        err.flush()
+        sys.stdout, sys.stderr = saved
+        if product and out.error is not None and not isinstance(out.error, BrokenPipeError):
+            with contextlib.suppress(OSError, AttributeError):
+                print(f"error: the output could not be written ({out.error.strerror})", file=sys.stderr)
+            raise SystemExit(1)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .config import GPTConfig, UserError
-from .console import stdout_may_close
+from .console import output_may_close
 from .model import GPT
 from .optim import AdamW
 
@@ -189,5 +189,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stdout_may_close():        # | head: no traceback for the reader going away
+    with output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .config import UserError
-from .console import stdout_may_close
+from .console import output_may_close
 from .trainer import read_jsonl
 
 
@@ -59,6 +59,9 @@ def _check_picture_name(out: Path) -> None:
     if out.suffix[1:].lower() not in Figure().canvas.get_supported_filetypes():
         raise UserError(f"--out {out}: a picture's name must end in a format matplotlib writes, "
                         "such as .png, .pdf or .svg")
+    existing = next(p for p in out.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"--out {out}: {existing} is a file, not a folder")
 
 
 def _save(fig, out: Path) -> None:
@@ -165,5 +168,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stdout_may_close():        # | head: no traceback for the reader going away
+    with output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build
-from .console import stdout_may_close
+from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import DIVERGED_EXIT, read_jsonl
@@ -285,7 +285,7 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "best_val_loss": min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])),
                                     default=math.nan),
                "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
-               "wall_s": result.get("wall_s", math.nan),
+               "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
                "_setting": setting_label(r.setting), "_evals": evals,
@@ -455,7 +455,7 @@ def report(out_dir: Path) -> str:
     out_dir = Path(out_dir)
     sweep, rows = collect(out_dir)
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
-               "tokens_per_sec", "wall_s", "diverged", "status"]
+               "tokens_per_sec", "elapsed_s", "diverged", "status"]
     with open(out_dir / "sweep.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
@@ -486,5 +486,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with stdout_may_close():        # | head: no traceback for the reader going away
+    with output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

@@ -290,6 +290,8 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
 
 
 def _writable(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"out_dir={str(out_dir)!r} is a file; choose another --out_dir")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write-test"
@@ -372,9 +374,9 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
-        old = [p for p in (metrics_path, out_dir / "command.txt", out_dir / "ckpt.pt",
-                           out_dir / "ckpt_best.pt", out_dir / "ckpt.pt.tmp", out_dir / "ckpt_best.pt.tmp")
-               if p.exists()]
+        old = [out_dir / name for name in ("metrics.jsonl", "command.txt", "ckpt.pt", "ckpt_best.pt",
+                                           "ckpt.pt.tmp", "ckpt_best.pt.tmp", "dashboard.png", "attention.png")]
+        old = [p for p in old if p.exists()]
         for path in old:
             path.unlink()
         if any(p.name.startswith("ckpt") for p in old):

@@ -110,7 +110,7 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     assert (tmp_path / "a.png").read_bytes() == (out / "attention.png").read_bytes()
     # bad names for the picture, and lines of another shape in the log
     for bad, message in ((tmp_path / "a.txt", "a format matplotlib writes, such as .png"),
-                         (out / "ckpt.pt" / "x.png", "cannot be written")):
+                         (out / "ckpt.pt" / "x.png", "ckpt.pt is a file, not a folder")):
         assert inspect.main(["run", str(out), f"--out={bad}"]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.splitlines()) == 1

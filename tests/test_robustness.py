@@ -228,6 +228,10 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
      r"out_dir=.* cannot be written"),
+    ("out_dir is a file", "train", lambda d, t, g: tiny_args(d, t / "file.txt"),
+     r"out_dir=.*file.txt' is a file; choose another --out_dir"),
+    ("sampling a file", "sample", lambda d, t, g: [f"--out_dir={t / 'file.txt'}"],
+     r"file.txt is a file, not a run folder"),
     ("nothing to resume", "train", lambda d, t, g: tiny_args(d, t / "empty", "--resume"),
      r"--resume: nothing to resume, .*ckpt.pt does not exist"),
     ("resume other shape", "train", lambda d, t, g: [f"--out_dir={g}", "--resume", "--n_layer=3",
@@ -480,3 +484,21 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
     from gpt.data import TiktokenTokenizer
     with pytest.raises(UserError, match="could not load the 'gpt2' BPE files .*TIKTOKEN_CACHE_DIR"):
         TiktokenTokenizer("gpt2")
+
+
+@pytest.mark.parametrize("command, redirect", [
+    ("train.py --help", "> /dev/full"),
+    ("sample.py --help", "> /dev/full"),
+    ("-m gpt.diagnostics grad-depth --depths=1", "> /dev/full"),
+])
+def test_a_command_whose_output_is_its_product_says_when_it_cannot_write_it(command, redirect):
+    proc = shell(f"{sys.executable} {command} {redirect}", buffered=True, stderr=subprocess.PIPE)
+    assert proc.returncode == 1
+    assert proc.stderr == "error: the output could not be written (No space left on device)\n"
+
+
+def test_training_with_stderr_closed_trains_and_keeps_its_checkpoints(data_dir, tmp_path):
+    out = tmp_path / "run"
+    args = " ".join(tiny_args(data_dir, out, "--max_iters=20", "--eval_interval=10"))
+    proc = shell(f"exec {sys.executable} train.py {args} 2>&- >&-", buffered=True)
+    assert proc.returncode == 0 and checkpoint.load(out / "ckpt.pt")["iter"] == 20

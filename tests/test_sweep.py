@@ -45,6 +45,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
         assert math.isfinite(float(r["final_val_loss"])) and float(r["tokens_per_sec"]) > 0
         evals = [json.loads(line) for line in open(out / f"residual={r['residual']}__seed=1337" / "metrics.jsonl")]
         assert float(r["best_val_loss"]) == pytest.approx(min(e["val_loss"] for e in evals if e["kind"] == "eval"))
+        assert float(r["elapsed_s"]) == pytest.approx([e for e in evals if e["kind"] == "eval"][-1]["elapsed_s"])
         assert r["diverged"] == "False"
     summary = (out / "summary.md").read_text()
     assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary

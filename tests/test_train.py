@@ -118,6 +118,7 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--n_layer=1")) == 0
     assert (out / "ckpt.pt").exists() and (out / "ckpt_best.pt").exists()
+    (out / "dashboard.png").write_bytes(b"a picture of the old run")
     capsys.readouterr()
     # a second run that diverges before its first save: no file of the first may remain
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2",
@@ -125,7 +126,9 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     said = capsys.readouterr()
     assert f"starting afresh in {out}: removed the earlier run's checkpoints" in said.out
     assert "no checkpoint had been saved yet" in said.err
-    assert not (out / "ckpt.pt").exists() and not (out / "ckpt_best.pt").exists()
+    assert {p.name for p in out.iterdir()} == {"config.json", "command.txt", "metrics.jsonl"}
+    assert "--learning_rate=1e9" in (out / "command.txt").read_text()
+    assert len((out / "command.txt").read_text().splitlines()) == 1
     assert json.loads((out / "config.json").read_text())["model"]["n_layer"] == 2
 
 
