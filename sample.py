@@ -68,4 +68,5 @@ def sample(cfg: SampleConfig):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with output_may_close(stdout=False):    # stdout is the samples': main handles it
+        sys.exit(main())

@@ -370,14 +370,17 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
                             f"setting: pick one value for each, e.g. {picks}")
         return Args(values=values, sweep={})
-    for name in [n for n in {**file_sweep, **sweep} if n in RESERVED_AXES]:
-        hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
-        raise UserError(f"--sweep {name}: the sweep sets {name} itself{hint}")
-    for name in [n for n in {**file_sweep, **sweep} if n in raw]:  # the axis would win unseen
-        axis = sweep.get(name, file_sweep.get(name))
+    for name in {**file_sweep, **sweep}:
         where = "--sweep" if name in sweep else config_name
-        raise UserError(f"--{name}={_shown(raw[name])} is also swept by {where} ({name}="
-                        f"{','.join(_shown(v) for v in axis)}); give one or the other")
+        if name in RESERVED_AXES:
+            hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
+            raise UserError(f"{f'--sweep {name}' if name in sweep else f'{config_name} sweeps {name}'}: "
+                            f"the sweep sets {name} itself{hint}")
+        if name in raw:         # the axis would win unseen
+            axis = ",".join(_shown(v) for v in sweep.get(name, file_sweep.get(name)))
+            fix = ("give one or the other" if name in sweep else
+                   f"to run only some values, give them as --sweep {name}={_shown(raw[name])}")
+            raise UserError(f"--{name}={_shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
     return Args(values=values, sweep={**file_sweep, **sweep})
 
 

@@ -34,18 +34,18 @@ class _Quiet(io.TextIOBase):
         if not self.lost:
             try:
                 self.stream.write(text)
-            except OSError as e:        # BrokenPipeError, a full disk, EINVAL on Windows
-                self._lose(e)
+            except (OSError, ValueError) as e:  # a closed pipe, a full disk, EINVAL on Windows,
+                self._lose(e)                   # a stream closed under us
         return len(text)
 
     def flush(self) -> None:
         if not self.lost:
             try:
                 self.stream.flush()
-            except OSError as e:
+            except (OSError, ValueError) as e:
                 self._lose(e)
 
-    def _lose(self, error: OSError) -> None:
+    def _lose(self, error: Exception) -> None:
         self.lost, self.error = True, error
         silence(self.stream)
 
@@ -63,20 +63,31 @@ class _Quiet(io.TextIOBase):
 
 
 @contextlib.contextmanager
-def output_may_close(product: bool = False):
-    """stdout and stderr that go quiet when they cannot be written. With product=True the
-    output is what the command is for: one that could not be written for a reason other than its
-    reader going away (a full disk) ends the command with status 1 and says so."""
+def output_may_close(product: bool = False, stdout: bool = True):
+    """stderr, and stdout unless stdout=False, that go quiet when they cannot be written. With
+    product=True the output is what the command is for: if the command ends well but its output
+    could not be written for a reason other than its reader going away (a full disk), it ends
+    with status 1 and says so."""
     saved = sys.stdout, sys.stderr
-    out = sys.stdout = _Quiet(sys.stdout)
+    out = _Quiet(sys.stdout)
+    if stdout:
+        sys.stdout = out
     err = sys.stderr = _Quiet(sys.stderr)
+    ended_well = False
     try:
         yield
+        ended_well = True
+    except SystemExit as e:     # an error of the command's own keeps its status and message
+        ended_well = e.code in (None, 0)
+        raise
     finally:
-        out.flush()     # here, where a failure is caught, not at exit
-        err.flush()
-        sys.stdout, sys.stderr = saved
-        if product and out.error is not None and not isinstance(out.error, BrokenPipeError):
-            with contextlib.suppress(OSError, AttributeError):
-                print(f"error: the output could not be written ({out.error.strerror})", file=sys.stderr)
+        try:
+            out.flush()         # here, where a failure is caught, not at exit
+            err.flush()
+        finally:
+            sys.stdout, sys.stderr = saved
+        if product and ended_well and out.error is not None and not isinstance(out.error, BrokenPipeError):
+            reason = getattr(out.error, "strerror", None) or str(out.error)
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                print(f"error: the output could not be written ({reason})", file=sys.stderr)
             raise SystemExit(1)

@@ -156,10 +156,12 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
         tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1))
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
             os.replace(tmp, path)
-    except OSError as e:        # a full disk
+    except BaseException as e:  # a full disk, a character the tokenizer refuses, Ctrl-C
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
+        raise
     return meta
 
 

@@ -168,5 +168,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with output_may_close(product=True):    # | head: no traceback for the reader going away
+    with output_may_close():    # the picture is the product; the path printed is a courtesy
         sys.exit(main())

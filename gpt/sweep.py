@@ -85,8 +85,8 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[tuple[GPTConfig, Tr
             for r in runs]
 
 
-# what a run may change between its starts without changing its results
-NOT_COMPARED = {"vocab_size", "threads", "resume", "wandb", "wandb_project", "wandb_run_name"}
+# what may differ between a run's starts without changing its results; the folder is the run's own
+NOT_COMPARED = {"out_dir", "vocab_size", "threads", "resume", "wandb", "wandb_project", "wandb_run_name"}
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
@@ -98,14 +98,15 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
     record = _read_json(path)
     changed = []
     for section, cfg in (("model", model_cfg), ("train", train_cfg)):
-        before = record.get(section, {})
+        try:    # a field newer than the run takes its default, as the run did
+            before = build(type(cfg), record.get(section, {}))
+        except (UserError, TypeError):
+            return [f"{path} is not a config of this project"]
         for f in fields(cfg):
-            if f.name in NOT_COMPARED or f.name not in before:     # not there: newer than the run
-                continue
-            old = before[f.name]
+            old = getattr(before, f.name)
             if f.name == "data_dir":    # older runs recorded it as given, from the repository root
                 old = str((REPO_ROOT / old).resolve())
-            if old != getattr(cfg, f.name):
+            if f.name not in NOT_COMPARED and old != getattr(cfg, f.name):
                 changed.append(f.name)
     return changed
 
@@ -135,8 +136,8 @@ def run(args, argv: list[str]) -> int:
     values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
     if base_seed + sweep_cfg.seeds > 2 ** 32:
-        raise UserError(f"--seed={base_seed} --seeds={sweep_cfg.seeds}: the seeds would run to "
-                        f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower --seed")
+        raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "
+                        f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower seed")
     record = _read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
     axes = args.sweep
     if record and set(record.get("axes", {})) == set(axes):
@@ -149,7 +150,6 @@ def run(args, argv: list[str]) -> int:
             raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
                             f"{', '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
-    shared = {k: v for k, v in values.items() if k not in ("seeds", "jobs")}
     for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
@@ -157,7 +157,7 @@ def run(args, argv: list[str]) -> int:
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
     _write_json(out_dir / "sweep.json",
-                {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed, "shared": shared,
+                {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
                  "command": " ".join(["python", "train.py", *argv])})
 
     todo = []                                        # failed runs are tried again
@@ -309,9 +309,9 @@ def counted(group: list[dict]) -> list[dict]:
 
 
 def drawn(group: list[dict]) -> list[dict]:
-    """The runs the pictures show: all but the diverged, so a report taken while a sweep runs
-    shows the runs under way."""
-    return [r for r in group if not r["diverged"]]
+    """The runs the pictures show: the counted ones, and those under way (no result yet), so a
+    report taken while a sweep runs shows its progress."""
+    return [r for r in group if r["status"] in ("finished", "not run") and not r["diverged"]]
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -438,7 +438,7 @@ def plot_diagnostics(rows: list[dict], path: Path) -> None:
             if values:
                 mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
                 ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])
-        ax.set_title(f"{title} (final eval, mean over seeds)", fontsize=9)
+        ax.set_title(f"{title} (last eval, mean over seeds)", fontsize=9)
         ax.set_xlabel("block")
         if log:
             ax.set_yscale("log")

@@ -388,7 +388,9 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     if master:
         if cfg.resume:
             metrics.trim(start_iter)
-        (out_dir / "config.json").write_text(json.dumps(config_record, indent=1))
+        tmp = out_dir / "config.json.tmp"     # whole or absent: a sweep reads it to reuse the run
+        tmp.write_text(json.dumps(config_record, indent=1))
+        os.replace(tmp, out_dir / "config.json")
         with open(out_dir / "command.txt", "a") as f:
             f.write(" ".join(["python", "train.py", *(argv or [])]) + "\n")
 

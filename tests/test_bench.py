@@ -39,6 +39,7 @@ def test_gpu_peaks_match_whole_model_names():
     assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", bf16)[0] == 312e12
     assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", torch.float32)[0] == 156e12
     assert bench.gpu_peak("NVIDIA H100 PCIe", bf16)[0] == 756e12
+    assert bench.gpu_peak("NVIDIA H100 NVL", bf16)[0] == 835e12
     assert bench.gpu_peak("NVIDIA H100 80GB HBM3", bf16)[0] == 989e12
     assert bench.gpu_peak("NVIDIA GH200 480GB", bf16)[0] == 989e12
     for other in ("NVIDIA L40S", "NVIDIA A10G"):        # not an L4, not an A10

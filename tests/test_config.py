@@ -117,7 +117,9 @@ def test_help_lists_every_field_with_default_and_meaning():
     (["--sweep", "n_layer=1,2", "--sweep", "n_layer=3"], "--sweep n_layer is given twice"),
     (["--config", "shakespeare_chr"], "did you mean shakespeare_char?"),
     (["--config", "sweeps/heads", "--n_head=2"],
-     "--n_head=2 is also swept by sweeps/heads (n_head=1,2,4,8); give one or the other"),
+     "--n_head=2 is also swept by sweeps/heads (n_head=1,2,4,8); to run only some values, give them "
+     "as --sweep n_head=2"),
+    (["--n_head=8", "--sweep", "n_head=2,4"], "(n_head=2,4); give one or the other"),
     (["--n_head=8", "--sweep", "n_head=2,4"], "--n_head=8 is also swept by --sweep (n_head=2,4)"),
     (["--config", "shakespeare_chr.toml"], "no such file, nor a shipped config of that name "
      "'shakespeare_chr.toml'; did you mean shakespeare_char?"),
@@ -146,6 +148,13 @@ def test_a_command_for_one_setting_needs_a_value_for_each_axis_of_a_sweep_config
         parse_argv(["--config", "sweeps/norm_residual"], sections)
     args = parse_argv(["--config", "sweeps/heads", "--n_head=2"], sections)
     assert args.values["n_head"] == 2 and args.sweep == {}
+
+
+def test_a_config_file_may_not_sweep_what_the_sweep_sets_itself(tmp_path):
+    (tmp_path / "s.toml").write_text("[sweep]\nseed = [1, 2]\n")
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path / 's.toml'} sweeps seed: the sweep sets "
+                                                  "seed itself; use --seeds=N for seeds")):
+        parse_argv(["--config", str(tmp_path / "s.toml")])
 
 
 @pytest.mark.parametrize("content, message", [

@@ -150,3 +150,16 @@ def test_a_prompt_file_that_cannot_be_read_is_named(start, message, tmp_path):
     with pytest.raises(UserError, match=re.escape(message.format(tmp=tmp_path))):
         read_prompt(start.format(tmp=tmp_path))
     assert read_prompt("ROMEO:") == "ROMEO:"
+
+
+def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_dir, monkeypatch):
+    from pathlib import Path
+    folder = data_dir / "tiny"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", full_disk)      # meta.json, the last file written
+    with pytest.raises(UserError, match=r"cannot write the dataset into .*tiny \(No space left on device\)"):
+        prepare("hello world\n" * 50, folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

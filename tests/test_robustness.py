@@ -486,19 +486,24 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
         TiktokenTokenizer("gpt2")
 
 
-@pytest.mark.parametrize("command, redirect", [
-    ("train.py --help", "> /dev/full"),
-    ("sample.py --help", "> /dev/full"),
-    ("-m gpt.diagnostics grad-depth --depths=1", "> /dev/full"),
-])
-def test_a_command_whose_output_is_its_product_says_when_it_cannot_write_it(command, redirect):
-    proc = shell(f"{sys.executable} {command} {redirect}", buffered=True, stderr=subprocess.PIPE)
+@pytest.mark.parametrize("command", ["train.py --help", "sample.py --help",
+                                     "-m gpt.diagnostics grad-depth --depths=1"])
+def test_a_command_whose_output_is_its_product_says_when_it_cannot_write_it(command):
+    proc = shell(f"{sys.executable} {command} > /dev/full", buffered=True, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     assert proc.stderr == "error: the output could not be written (No space left on device)\n"
 
 
-def test_training_with_stderr_closed_trains_and_keeps_its_checkpoints(data_dir, tmp_path):
+@pytest.mark.parametrize("closed", ["2>&-", "2>&- >&-"])
+def test_training_with_stderr_closed_trains_and_keeps_its_checkpoints(closed, data_dir, tmp_path):
     out = tmp_path / "run"
     args = " ".join(tiny_args(data_dir, out, "--max_iters=20", "--eval_interval=10"))
-    proc = shell(f"exec {sys.executable} train.py {args} 2>&- >&-", buffered=True)
+    proc = shell(f"exec {sys.executable} train.py {args} {closed}", buffered=True, stdout=subprocess.PIPE)
     assert proc.returncode == 0 and checkpoint.load(out / "ckpt.pt")["iter"] == 20
+
+
+def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
+    code = ("import sys; sys.path.insert(0, {root!r}); from gpt.console import output_may_close\n"
+            "with output_may_close(product=True):\n    print('x' * 100000); sys.exit(2)").format(root=str(ROOT))
+    proc = shell(f"{sys.executable} -c \"{code}\" > /dev/full", buffered=True, stderr=subprocess.PIPE)
+    assert proc.returncode == 2 and proc.stderr == ""

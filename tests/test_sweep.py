@@ -197,6 +197,14 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     (run.folder / "config.json").write_text(json.dumps(record))
     assert sweep.changed_settings(run, model_cfg, train_cfg) == []
     assert sweep.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == ["data_dir"]
+    # a setting the record lacks (a field newer than the run) is the default the run used; where
+    # the folder sits is not a setting
+    del record["model"]["activation"]
+    record["train"]["out_dir"] = "elsewhere"
+    (run.folder / "config.json").write_text(json.dumps(record))
+    assert sweep.changed_settings(run, model_cfg, train_cfg) == []
+    relu = GPTConfig(**{**record["model"], "activation": "relu"})
+    assert sweep.changed_settings(run, relu, train_cfg) == ["activation"]
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
@@ -214,7 +222,7 @@ def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_d
     assert train.main(tiny_args(data_dir, out, "--dataset=nope", "--sweep", "n_layer=1,2")) == 2
     assert "nope" in capsys.readouterr().err and not out.exists()
     assert train.main(tiny_args(data_dir, out, f"--seed={2 ** 32 - 1}", "--seeds=2")) == 2
-    assert ("--seed=4294967295 --seeds=2: the seeds would run to 4294967296, past 2**32 - 1"
+    assert ("seed=4294967295 with seeds=2: the seeds would run to 4294967296, past 2**32 - 1"
             in capsys.readouterr().err) and not out.exists()
 
 
