@@ -61,9 +61,17 @@ def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> 
     return runs
 
 
+def _setting(run: Run) -> dict:
+    """The run's axis values as its process gets them: a data_dir from where the sweep starts,
+    since each run's process starts in the repository root (the folder name keeps it as typed)."""
+    if "data_dir" not in run.setting:
+        return run.setting
+    return {**run.setting, "data_dir": str(Path(run.setting["data_dir"]).resolve())}
+
+
 def _command(values: dict, run: Run, threads: int) -> list[str]:
     args = {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}
-    args.update(run.setting, seed=run.seed, out_dir=str(run.folder))
+    args.update(_setting(run), seed=run.seed, out_dir=str(run.folder))
     args.setdefault("threads", threads)
     if (run.folder / "ckpt.pt").exists():
         args["resume"] = True
@@ -80,8 +88,8 @@ def _check_grid(args, values: dict, runs: list[Run]) -> list[tuple[GPTConfig, Tr
     if len(set(labels)) != len(labels):
         raise UserError(f"two grid points share the name {max(set(labels), key=labels.count)!r}; "
                         "list each value once")
-    return [(build(GPTConfig, {**values, **r.setting}),
-             build(TrainConfig, {**values, **r.setting, "seed": r.seed, "out_dir": str(r.folder)}))
+    return [(build(GPTConfig, {**values, **_setting(r)}),
+             build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
             for r in runs]
 
 
@@ -93,15 +101,16 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
     """The settings in which the run already in run.folder (its config.json) differs from the
     configs the sweep would give it now: reusing it would report old results as new ones."""
     path = run.folder / "config.json"
-    if not path.exists():
-        return []
+    if not path.exists() or not ((run.folder / "ckpt.pt").exists() or _done(run.folder)):
+        return []       # nothing of it would be kept: it starts afresh
     record = _read_json(path)
     changed = []
     for section, cfg in (("model", model_cfg), ("train", train_cfg)):
         try:    # a field newer than the run takes its default, as the run did
-            before = build(type(cfg), record.get(section, {}))
-        except (UserError, TypeError):
-            return [f"{path} is not a config of this project"]
+            before = build(type(cfg), dict(record.get(section, {})))
+        except (UserError, TypeError, ValueError):
+            raise UserError(f"{path} is not a run config of this project; move that run folder "
+                            "away, or use another --out_dir") from None
         for f in fields(cfg):
             old = getattr(before, f.name)
             if f.name == "data_dir":    # older runs recorded it as given, from the repository root
@@ -179,6 +188,7 @@ def run(args, argv: list[str]) -> int:
             while todo and len(running) < sweep_cfg.jobs:
                 r = todo.pop(0)
                 r.folder.mkdir(parents=True, exist_ok=True)
+                (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
                 log = open(r.folder / "log.txt", "a")
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint

@@ -375,7 +375,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
         old = [out_dir / name for name in ("metrics.jsonl", "command.txt", "ckpt.pt", "ckpt_best.pt",
-                                           "ckpt.pt.tmp", "ckpt_best.pt.tmp", "dashboard.png", "attention.png")]
+                                           "ckpt.pt.tmp", "ckpt_best.pt.tmp", "config.json.tmp",
+                                           "dashboard.png", "attention.png")]
         old = [p for p in old if p.exists()]
         for path in old:
             path.unlink()

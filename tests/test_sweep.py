@@ -250,3 +250,27 @@ def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
     assert train.main(["--out_dir", str(tmp_path / "sw"), "--sweep", "n_layer=1,2"]) == 2
     assert "not torchrun (use --jobs=N" in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_data_dir_axis_is_read_from_where_the_sweep_starts_and_restarts(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(data_dir.parent)
+    argv = tiny_args(Path("data"), tmp_path / "sw", "--max_iters=2", "--eval_interval=2")[1:]
+    argv += ["--sweep", "data_dir=data"]                    # the relative path as an axis value
+    assert train.main(argv) == 0
+    assert train.main(argv) == 0
+    assert "1 runs (1 already finished)" in capsys.readouterr().out
+
+
+def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
+    assert train.main(argv) == 0
+    run = out / "residual=true__seed=1337"
+    for name in ("ckpt.pt", "ckpt_best.pt"):                # as if it had crashed before saving
+        (run / name).unlink()
+    (run / "result.json").write_text(json.dumps({"status": "failed", "returncode": 1, "wall_s": 1.0}))
+    assert train.main([*argv, "--learning_rate=2e-3"]) == 0  # it starts afresh: nothing is reused
+    assert json.loads((run / "config.json").read_text())["train"]["learning_rate"] == 2e-3
+    (run / "config.json").write_text('{"model": null}')
+    assert train.main([*argv, "--learning_rate=2e-3"]) == 2
+    assert "config.json is not a run config of this project" in capsys.readouterr().err
