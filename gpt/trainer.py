@@ -15,6 +15,7 @@ import json
 import math
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -70,6 +71,15 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
         raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer or n_embd")
+
+
+def launcher(world: int) -> list[str]:
+    """How this run was started, for command.txt: python, or torchrun with its process counts."""
+    if world == 1:
+        return ["python"]
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = [f"--nnodes={world // local}"] if world != local else []
+    return ["torchrun", *nodes, f"--nproc_per_node={local}"]
 
 
 def resolve_device(name: str) -> str:
@@ -393,7 +403,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
         tmp.write_text(json.dumps(config_record, indent=1))
         os.replace(tmp, out_dir / "config.json")
         with open(out_dir / "command.txt", "a") as f:
-            f.write(" ".join(["python", "train.py", *(argv or [])]) + "\n")
+            f.write(shlex.join([*launcher(world), "train.py", *(argv or [])]) + "\n")
 
     raw_model = model
     if cfg.compile:

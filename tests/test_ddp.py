@@ -27,6 +27,7 @@ def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_pa
          *tiny_args(data_dir, ddp, *args)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (ddp / "command.txt").read_text().startswith("torchrun --nproc_per_node=2 train.py --data_dir=")
     a, b = losses(single), losses(ddp)
     assert len(a) == len(b) == 8
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5

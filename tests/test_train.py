@@ -127,6 +127,7 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     assert f"starting afresh in {out}: removed the earlier run's checkpoints" in said.out
     assert "no checkpoint had been saved yet" in said.err
     assert {p.name for p in out.iterdir()} == {"config.json", "command.txt", "metrics.jsonl"}
+    assert (out / "command.txt").read_text().startswith("python train.py --data_dir=")
     assert "--learning_rate=1e9" in (out / "command.txt").read_text()
     assert len((out / "command.txt").read_text().splitlines()) == 1
     assert json.loads((out / "config.json").read_text())["model"]["n_layer"] == 2
@@ -154,3 +155,10 @@ def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_p
     elapsed = [e["elapsed_s"] for e in read_metrics(out, "eval")]
     assert [e["iter"] for e in read_metrics(out, "eval")] == [0, 4, 8, 12]
     assert elapsed[3] > elapsed[2] > 0
+
+
+def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
+    import shlex
+    argv = tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2", "--wandb_run_name=my run")
+    assert train.main(argv) == 0
+    assert shlex.split((tmp_path / "run" / "command.txt").read_text()) == ["python", "train.py", *argv]
