@@ -4,8 +4,12 @@ The checkpoint carries the model's config and vocabulary, so nothing else is nee
 
 import sys
 
-from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
-from gpt.console import output_may_close, silence
+try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
+    from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
+    from gpt.console import output_may_close, silence
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,12 @@ a sweep config, runs the whole grid (see gpt.sweep)."""
 
 import sys
 
-from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
-from gpt.console import output_may_close
+try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
+    from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
+    from gpt.console import output_may_close
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -507,3 +507,19 @@ def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
             "with output_may_close(product=True):\n    print('x' * 100000); sys.exit(2)").format(root=str(ROOT))
     proc = shell(f"{sys.executable} -c \"{code}\" > /dev/full", buffered=True, stderr=subprocess.PIPE)
     assert proc.returncode == 2 and proc.stderr == ""
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
+    # the Ctrl-C lands in the imports, where loading torch spends its seconds
+    code = ("import builtins, runpy, sys\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *args, **kwargs):\n"
+            "    if name.startswith('gpt'):\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = interrupted\n"
+            f"sys.argv = [{script!r}, '--help']\n"
+            f"runpy.run_path({script!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""

@@ -1,5 +1,6 @@
 import json
 import math
+import shlex
 
 import pytest
 import torch
@@ -158,7 +159,6 @@ def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_p
 
 
 def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
-    import shlex
     argv = tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2", "--wandb_run_name=my run")
     assert train.main(argv) == 0
     assert shlex.split((tmp_path / "run" / "command.txt").read_text()) == ["python", "train.py", *argv]
