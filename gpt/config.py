@@ -229,7 +229,7 @@ def convert(name: str, value, fields: dict = FIELDS):
             return False
     elif kind is int and not isinstance(value, bool):
         try:
-            return int(value) if isinstance(value, int) else int(str(value).strip())
+            return int(str(value).strip())
         except ValueError:
             pass
         try:    # 1e4 and 5000.0 are whole numbers too; float() alone would round past 2**53
@@ -345,9 +345,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
         if name == "config" and TrainConfig not in sections:
             raise UserError("--config: this command takes the model's settings from the checkpoint "
                             "in --out_dir")
-        if name == "config" and TrainConfig in sections:
+        if name == "config":
             config_name = value
-        elif name == "sweep" and SweepConfig in sections:
+        elif name == "sweep":
             axis, eq, values = value.partition("=")
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")

@@ -2,9 +2,10 @@
 
 At each evaluation the trainer calls `measure` on one fixed batch, outside the training step:
 per block, the gradient norm of its parameters, the size of the update AdamW's stored moments
-make at this step's learning rate relative to its weights, the RMS of the residual stream after it, and how alike its output vectors at
-different positions are; per head, the entropy of its attention. `unigram_loss` gives the loss of
-a model that knows only character frequencies: the level a model that learned nothing sits at.
+make at this step's learning rate relative to its weights, the RMS of the residual stream after
+it, and how alike its output vectors at different positions are; per head, the entropy of its
+attention. `unigram_loss` gives the loss of a model that knows only character frequencies: the
+level a model that learned nothing sits at.
 
 `python -m gpt.diagnostics grad-depth` measures how much gradient reaches the first block of
 freshly initialised models of growing depth, with residuals on and off, pre- and post-norm.

@@ -78,7 +78,7 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
-def _check_grid(args, values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
+def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
     """Fail before anything runs: on --resume, on two settings that would share a folder, and on
     any grid point that is not a valid config. Returns each run's configs."""
     if values.get("resume"):
@@ -101,8 +101,8 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
     """The settings in which the run already in run.folder (its config.json) differs from the
     configs the sweep would give it now: reusing it would report old results as new ones."""
     path = run.folder / "config.json"
-    if not path.exists() or not ((run.folder / "ckpt.pt").exists() or _done(run.folder)):
-        return []       # nothing of it would be kept: it starts afresh
+    if not path.exists():
+        return []
     record = _read_json(path)
     changed = []
     for section, cfg in (("model", model_cfg), ("train", train_cfg)):
@@ -152,9 +152,11 @@ def run(args, argv: list[str]) -> int:
     if record and set(record.get("axes", {})) == set(axes):
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
     runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
-    run_cfgs = _check_grid(args, values, runs)
-    for r, (model_cfg, train_cfg) in zip(runs, run_cfgs):
-        changed = changed_settings(r, model_cfg, train_cfg)
+    run_cfgs = _check_grid(values, runs)
+    ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
+    for r, (model_cfg, train_cfg), end in zip(runs, run_cfgs, ended):
+        kept = end or (r.folder / "ckpt.pt").exists()   # else it starts afresh, keeping nothing
+        changed = changed_settings(r, model_cfg, train_cfg) if kept else []
         if changed:
             raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
                             f"{', '.join(changed)}); use another --out_dir, or the same settings "
@@ -170,8 +172,8 @@ def run(args, argv: list[str]) -> int:
                  "command": " ".join(["python", "train.py", *argv])})
 
     todo = []                                        # failed runs are tried again
-    for r, (_, cfg) in zip(runs, run_cfgs):
-        if _done(r.folder):
+    for r, (_, cfg), end in zip(runs, run_cfgs, ended):
+        if end:
             continue
         if _finished_by_checkpoint(r, cfg.max_iters):
             _write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": math.nan})
