@@ -70,9 +70,10 @@ class GPTConfig:
     residual: bool = opt(True, "add each sub-layer's input back to its output (x + f(...))")
     norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
                          ("layernorm", "rmsnorm"))
-    activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation",
-                          ("gelu", "gelu_tanh", "relu"))
-    mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd")
+    activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; swiglu and "
+                          "geglu are gated (Shazeer 2020), at 2/3 the hidden width so the MLP keeps "
+                          "its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
+    mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd (2/3 of that when gated)")
     tie_weights: bool = opt(True, "share the token embedding with the output head")
 
     def __post_init__(self):
@@ -91,18 +92,33 @@ class GPTConfig:
                             f"{self.n_embd // self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.mlp_hidden < 1:
+            raise UserError(f"activation={self.activation!r} leaves the MLP no hidden units at "
+                            f"mlp_ratio={self.mlp_ratio} and n_embd={self.n_embd}; raise mlp_ratio")
 
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def gated(self) -> bool:
+        """Whether c_fc makes two halves, one gating the other (GLU variants)."""
+        return self.activation in ("swiglu", "geglu")
+
+    @property
+    def mlp_hidden(self) -> int:
+        """MLP hidden units; gated MLPs have three matrices, so 2/3 the width matches two."""
+        width = self.mlp_ratio * self.n_embd
+        return 2 * width // 3 if self.gated else width
+
     def num_params(self) -> int:
         """Parameters of the model this describes, shared ones once, without building it."""
-        C, H, kv = self.n_embd, self.mlp_ratio * self.n_embd, self.n_kv_head * self.head_size
+        C, H, kv = self.n_embd, self.mlp_hidden, self.n_kv_head * self.head_size
+        fc = H * (2 if self.gated else 1)
         norm = C * (2 if self.norm_type == "layernorm" and self.bias else 1)
-        block = C * (C + 2 * kv) + C * C + 2 * C * H + 2 * norm
+        block = C * (C + 2 * kv) + C * C + C * fc + H * C + 2 * norm
         if self.bias:
-            block += (C + 2 * kv) + C + H + C
+            block += (C + 2 * kv) + C + fc + C
         return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)
                 + (self.block_size * C if self.pos_encoding == "learned" else 0)
                 + (norm if self.norm_placement == "pre" else 0))

@@ -32,10 +32,24 @@ SUBLAYER = {
     ("post", False): lambda x, f, norm: norm(f(x)),
 }
 
+class Gated(nn.Module):
+    """GLU variants (Shazeer 2020): one half of c_fc's output, through act, scales the other."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.act = act
+
+    def forward(self, x):
+        gate, value = x.chunk(2, dim=-1)                                    # (B, T, hidden) each
+        return self.act(gate) * value
+
+
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "relu": lambda: nn.ReLU(),
+    "swiglu": lambda: Gated(nn.SiLU()),
+    "geglu": lambda: Gated(nn.GELU()),
 }
 
 
@@ -117,8 +131,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        hidden = config.mlp_ratio * config.n_embd
-        self.c_fc = nn.Linear(config.n_embd, hidden, bias=config.bias)
+        hidden = config.mlp_hidden
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if config.gated else hidden, bias=config.bias)
         self.act = ACTIVATIONS[config.activation]()
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)

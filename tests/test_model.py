@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpt.config import GPTConfig, UserError
@@ -133,6 +134,35 @@ def test_attention_equals_torch_multihead_attention():
         torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=0)
 
 
+# ------------------------------------------------------------------ 3b. MLP activations
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "swiglu", "geglu"])
+def test_every_activation_trains_every_parameter(activation):
+    model = tiny_model(activation=activation).train()
+    _, loss = model(torch.randint(0, V, (2, BLOCK)), torch.randint(0, V, (2, BLOCK)))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.norm() > 0, name
+    check_causal(model.eval())
+
+
+@pytest.mark.parametrize("activation, act", [("swiglu", F.silu), ("geglu", F.gelu)])
+def test_gated_mlp_scales_one_half_by_the_activation_of_the_other(activation, act):
+    mlp = tiny_model(activation=activation).transformer.h[0].mlp
+    x = torch.randn(2, 5, 16)
+    w_gate, w_value = mlp.c_fc.weight.chunk(2, dim=0)      # rows: the gate's units, then the value's
+    b_gate, b_value = mlp.c_fc.bias.chunk(2)
+    hidden = act(x @ w_gate.T + b_gate) * (x @ w_value.T + b_value)
+    assert hidden.shape == (2, 5, 2 * 4 * 16 // 3)
+    torch.testing.assert_close(mlp(x), hidden @ mlp.c_proj.weight.T + mlp.c_proj.bias)
+
+
+def test_gated_mlp_has_the_weights_of_the_plain_one():
+    sizes = {act: GPTConfig(n_embd=48, n_head=4, bias=False, activation=act).num_params()
+             for act in ("gelu", "swiglu")}
+    assert sizes["gelu"] == sizes["swiglu"]
+
+
 # ------------------------------------------------------------------ 4-5. position encodings
 
 @pytest.mark.parametrize("n_pos,dim", [(7, 6), (9, 8), (4, 5)])
@@ -216,6 +246,7 @@ BAD_CONFIGS = [
     (dict(norm_placement="middle"), r"norm_placement='middle'"),
     (dict(norm_type="batchnorm"), r"norm_type='batchnorm'"),
     (dict(activation="swish"), r"activation='swish'"),
+    (dict(n_embd=1, n_head=1, mlp_ratio=1, activation="swiglu"), r"no hidden units.*raise mlp_ratio"),
     (dict(n_embd=12, n_head=4, pos_encoding="rope"), r"pos_encoding='rope'.*head size.* 3"),
     (dict(n_layer=0), r"n_layer=0"),
     (dict(n_embd=-1), r"n_embd=-1"),
@@ -357,7 +388,8 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(bias=False, norm_type="rmsnorm"), dict(norm_placement="post"),
-                                   dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3)])
+                                   dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3),
+                                   dict(activation="swiglu"), dict(activation="geglu", bias=False)])
 def test_the_config_counts_the_parameters_of_its_model(flags):
     cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)
     assert cfg.num_params() == GPT(cfg).num_params()
