@@ -70,6 +70,10 @@ class GPTConfig:
     residual: bool = opt(True, "add each sub-layer's input back to its output (x + f(...))")
     norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
                          ("layernorm", "rmsnorm"))
+    parallel: bool = opt(False, "attention and MLP read the same normed input and their outputs are "
+                         "summed (GPT-J, PaLM): one norm per block, not one per sub-layer")
+    qk_norm: bool = opt(False, "normalise each head's queries and keys (norm_type) before their dot "
+                        "product, which bounds the attention logits (Dehghani 2023)")
     activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; swiglu and "
                           "geglu are gated (Shazeer 2020), at 2/3 the hidden width so the MLP keeps "
                           "its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
@@ -115,8 +119,11 @@ class GPTConfig:
         """Parameters of the model this describes, shared ones once, without building it."""
         C, H, kv = self.n_embd, self.mlp_hidden, self.n_kv_head * self.head_size
         fc = H * (2 if self.gated else 1)
-        norm = C * (2 if self.norm_type == "layernorm" and self.bias else 1)
-        block = C * (C + 2 * kv) + C * C + C * fc + H * C + 2 * norm
+        per_width = 2 if self.norm_type == "layernorm" and self.bias else 1
+        norm = C * per_width
+        block = C * (C + 2 * kv) + C * C + C * fc + H * C + (1 if self.parallel else 2) * norm
+        if self.qk_norm:
+            block += 2 * self.head_size * per_width
         if self.bias:
             block += (C + 2 * kv) + C + fc + C
         return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)

@@ -53,10 +53,11 @@ ACTIVATIONS = {
 }
 
 
-def make_norm(config: GPTConfig) -> nn.Module:
+def make_norm(config: GPTConfig, width: int | None = None) -> nn.Module:
+    width = width or config.n_embd
     if config.norm_type == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=1e-5)
-    return nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        return nn.RMSNorm(width, eps=1e-5)
+    return nn.LayerNorm(width, eps=1e-5, bias=config.bias)
 
 
 class KVCache:
@@ -80,6 +81,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
         self.rotary = Rotary(config.head_size, config.block_size) if config.pos_encoding == "rope" else None
+        # one norm over the head size, shared by the heads, before rotary (as Qwen 3 does)
+        self.q_norm = make_norm(config, config.head_size) if config.qk_norm else nn.Identity()
+        self.k_norm = make_norm(config, config.head_size) if config.qk_norm else nn.Identity()
         if config.pos_encoding == "alibi":
             self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
         else:
@@ -103,6 +107,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)      # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)   # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)   # (B, nkv, T, hs)
+        q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, start), self.rotary(k, start)
         if cache is not None:
@@ -146,11 +151,15 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
-        self.ln_2 = make_norm(config)
+        self.parallel = config.parallel
+        if not config.parallel:     # a parallel block's two branches share ln_1
+            self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
     def forward(self, x, start: int = 0, cache: KVCache | None = None):
+        if self.parallel:   # one sub-layer whose f is attn + mlp: x + attn(ln(x)) + mlp(ln(x)) pre-norm
+            return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1)
         x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1)
         return self.sublayer(x, self.mlp, self.ln_2)
 

@@ -134,7 +134,53 @@ def test_attention_equals_torch_multihead_attention():
         torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=0)
 
 
-# ------------------------------------------------------------------ 3b. MLP activations
+# ------------------------------------------------------------------ 3b. block layout, QK-norm
+
+BLOCK_VARIANTS = [dict(parallel=True), dict(qk_norm=True), dict(qk_norm=True, norm_type="rmsnorm"),
+                  dict(parallel=True, qk_norm=True, n_kv_head=2)]
+
+
+@pytest.mark.parametrize("place,res", [("pre", True), ("pre", False), ("post", True), ("post", False)])
+@pytest.mark.parametrize("pos", ["learned", "rope", "alibi"])
+@pytest.mark.parametrize("flags", BLOCK_VARIANTS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_block_variants_train_stay_causal_and_cache(flags, pos, place, res):
+    model = tiny_model(pos_encoding=pos, norm_placement=place, residual=res, **flags).train()
+    _, loss = model(torch.randint(0, V, (2, BLOCK)), torch.randint(0, V, (2, BLOCK)))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.norm() > 0, name
+    check_causal(model.eval())
+    check_generate_cache(model)
+
+
+@pytest.mark.parametrize("place,res,expected", [
+    ("pre", True, lambda x, a, m, ln: x + a(ln(x)) + m(ln(x))),
+    ("post", True, lambda x, a, m, ln: ln(x + a(x) + m(x))),
+    ("pre", False, lambda x, a, m, ln: a(ln(x)) + m(ln(x))),
+])
+def test_parallel_block_adds_both_branches_of_one_norm(place, res, expected):
+    block = tiny_model(parallel=True, norm_placement=place, residual=res).transformer.h[0]
+    assert not hasattr(block, "ln_2")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), expected(x, block.attn, block.mlp, block.ln_1))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(norm):
+    attn = tiny_model(qk_norm=True, norm_type=norm).transformer.h[0].attn
+    plain = tiny_model(norm_type=norm).transformer.h[0].attn
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        before, plain_before = attn(x), plain(x)
+        for a in (attn, plain):
+            a.c_attn.weight[:32] *= 10      # the rows that make q and k
+            a.c_attn.bias[:32] *= 10
+        torch.testing.assert_close(attn(x), before, atol=1e-4, rtol=0)   # only the norm's eps feels it
+        assert (plain(x) - plain_before).abs().max() > 1e-3
+
+
+# ------------------------------------------------------------------ 3c. MLP activations
 
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "swiglu", "geglu"])
 def test_every_activation_trains_every_parameter(activation):
@@ -389,7 +435,9 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
 
 @pytest.mark.parametrize("flags", [dict(), dict(bias=False, norm_type="rmsnorm"), dict(norm_placement="post"),
                                    dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3),
-                                   dict(activation="swiglu"), dict(activation="geglu", bias=False)])
+                                   dict(activation="swiglu"), dict(activation="geglu", bias=False),
+                                   dict(parallel=True, qk_norm=True),
+                                   dict(parallel=True, qk_norm=True, norm_type="rmsnorm", norm_placement="post")])
 def test_the_config_counts_the_parameters_of_its_model(flags):
     cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)
     assert cfg.num_params() == GPT(cfg).num_params()
