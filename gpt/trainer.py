@@ -329,7 +329,10 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
     try:
-        return _train(model_cfg, cfg, argv, device, rank, world)
+        summary = _train(model_cfg, cfg, argv, device, rank, world)
+        if ddp:     # leave together: none tears down its connections while rank 0 still saves
+            torch.distributed.barrier()
+        return summary
     finally:
         if ddp:
             torch.distributed.destroy_process_group()
