@@ -49,7 +49,9 @@ def _check_choices(obj) -> None:
         choices = f.metadata.get("choices")
         value = getattr(obj, f.name)
         if choices and value not in choices:
-            raise UserError(f"{f.name}={value!r} is not allowed; choose one of {', '.join(choices)}")
+            close = difflib.get_close_matches(str(value).lower(), choices, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UserError(f"{f.name}={value!r} is not allowed; {hint}choose one of {', '.join(choices)}")
 
 
 @dataclass
@@ -76,15 +78,16 @@ class GPTConfig:
                         "product, which bounds the attention logits (Dehghani 2023)")
     activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; swiglu and "
                           "geglu are gated (Shazeer 2020), at 2/3 the hidden width so the MLP keeps "
-                          "its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
+                          "about its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
     mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd (2/3 of that when gated)")
     tie_weights: bool = opt(True, "share the token embedding with the output head")
 
     def __post_init__(self):
         _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
+        if self.n_kv_head < 0:
+            raise UserError(f"n_kv_head={self.n_kv_head} must be positive, or 0 for as many as n_head")
         if self.n_kv_head == 0:
             self.n_kv_head = self.n_head
-        _positive(self, "n_kv_head")
         _check_choices(self)
         if self.n_embd % self.n_head:
             raise UserError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
@@ -94,6 +97,9 @@ class GPTConfig:
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise UserError(f"pos_encoding='rope' needs an even head size, but n_embd/n_head = "
                             f"{self.n_embd // self.n_head}")
+        if self.qk_norm and self.norm_type == "layernorm" and self.head_size == 1:
+            raise UserError("qk_norm with norm_type='layernorm' needs a head size above 1 (a LayerNorm "
+                            "of one channel is always 0); use fewer heads or norm_type='rmsnorm'")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout={self.dropout} must be in [0, 1)")
         if self.mlp_hidden < 1:
@@ -270,7 +276,8 @@ def convert(name: str, value, fields: dict = FIELDS):
             pass
     elif kind is str:
         return str(value)
-    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}")
+    spelled = "true or false" if kind is bool else f"a {kind.__name__}"
+    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {spelled}")
 
 
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:

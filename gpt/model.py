@@ -32,6 +32,7 @@ SUBLAYER = {
     ("post", False): lambda x, f, norm: norm(f(x)),
 }
 
+
 class Gated(nn.Module):
     """GLU variants (Shazeer 2020): one half of c_fc's output, through act, scales the other."""
 
@@ -151,17 +152,28 @@ class Block(nn.Module):
         super().__init__()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
-        self.parallel = config.parallel
-        if not config.parallel:     # a parallel block's two branches share ln_1
-            self.ln_2 = make_norm(config)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
     def forward(self, x, start: int = 0, cache: KVCache | None = None):
-        if self.parallel:   # one sub-layer whose f is attn + mlp: x + attn(ln(x)) + mlp(ln(x)) pre-norm
-            return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1)
         x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1)
         return self.sublayer(x, self.mlp, self.ln_2)
+
+
+class ParallelBlock(nn.Module):
+    """GPT-J and PaLM: attention and MLP both read the block's input and their outputs are added,
+    so the MLP no longer waits on attention; being one sub-layer, it needs one norm."""
+
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer)
+        self.mlp = MLP(config)
+        self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
+
+    def forward(self, x, start: int = 0, cache: KVCache | None = None):
+        return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1)
 
 
 class GPT(nn.Module):
@@ -172,7 +184,8 @@ class GPT(nn.Module):
         if config.pos_encoding == "learned":
             parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
         parts["drop"] = nn.Dropout(config.dropout)
-        parts["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        block = ParallelBlock if config.parallel else Block
+        parts["h"] = nn.ModuleList(block(config, i) for i in range(config.n_layer))
         # post-norm blocks already end in a norm, so the final one is a no-op there
         parts["ln_f"] = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
         self.transformer = nn.ModuleDict(parts)

@@ -287,14 +287,20 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     return build(GPTConfig, values, base=base_model), train_cfg
 
 
+def _shown(value) -> str:
+    """A value as it is typed on the command line."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
     saved = ckpt.get("meta", {})
     if (saved.get("tokenizer"), saved.get("chars")) != (meta.get("tokenizer"), meta.get("chars")):
         raise UserError(f"cannot resume: the dataset's vocabulary ({meta.get('vocab_size')} tokens) "
                         f"differs from the checkpoint's ({saved.get('vocab_size')} tokens)")
     now = dataclasses.asdict(model_cfg)
-    diffs = [f"{k}={ckpt['model_config'].get(k)!r} in the checkpoint but {now[k]!r} now"
-             for k in now if k != "dropout" and ckpt["model_config"].get(k) != now[k]]
+    then = dataclasses.asdict(checkpoint.model_config(ckpt))    # fields newer than it at their defaults
+    diffs = [f"{k}={_shown(then[k])} in the checkpoint but {_shown(now[k])} now"
+             for k in now if k != "dropout" and then[k] != now[k]]
     if diffs:
         raise UserError("cannot resume with a different model: " + "; ".join(diffs))
 

@@ -167,6 +167,26 @@ def test_parallel_block_adds_both_branches_of_one_norm(place, res, expected):
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_qk_norm_normalises_each_head_before_rotary(norm):
+    model = tiny_model(qk_norm=True, norm_type=norm, pos_encoding="rope", n_layer=1)
+    attn = model.transformer.h[0].attn
+    with torch.no_grad():   # gains and biases away from 1 and 0, so the order of norm and rotation shows
+        for p in (*attn.q_norm.parameters(), *attn.k_norm.parameters()):
+            p.uniform_(-2.0, 2.0)
+    x = torch.randn(2, BLOCK, 16)
+    B, T, hs = 2, BLOCK, 4
+    q, k, _ = attn.c_attn(x).split(16, dim=2)
+    q = attn.rotary(attn.q_norm(q.view(B, T, 4, hs).transpose(1, 2)), 0)      # (B, nh, T, hs)
+    k = attn.rotary(attn.k_norm(k.view(B, T, 4, hs).transpose(1, 2)), 0)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(hs)).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    attn.keep_weights = True    # what attention_maps sets, here with the block's input given directly
+    with torch.no_grad():
+        attn(x)
+    torch.testing.assert_close(attn.weights, scores.softmax(dim=-1).detach())
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(norm):
     attn = tiny_model(qk_norm=True, norm_type=norm).transformer.h[0].attn
     plain = tiny_model(norm_type=norm).transformer.h[0].attn
@@ -195,6 +215,9 @@ def test_every_activation_trains_every_parameter(activation):
 @pytest.mark.parametrize("activation, act", [("swiglu", F.silu), ("geglu", F.gelu)])
 def test_gated_mlp_scales_one_half_by_the_activation_of_the_other(activation, act):
     mlp = tiny_model(activation=activation).transformer.h[0].mlp
+    with torch.no_grad():   # wide weights, so the pre-activations reach where GELU's variants differ
+        for p in mlp.parameters():
+            p.normal_(0.0, 0.5)
     x = torch.randn(2, 5, 16)
     w_gate, w_value = mlp.c_fc.weight.chunk(2, dim=0)      # rows: the gate's units, then the value's
     b_gate, b_value = mlp.c_fc.bias.chunk(2)
@@ -293,6 +316,8 @@ BAD_CONFIGS = [
     (dict(norm_type="batchnorm"), r"norm_type='batchnorm'"),
     (dict(activation="swish"), r"activation='swish'"),
     (dict(n_embd=1, n_head=1, mlp_ratio=1, activation="swiglu"), r"no hidden units.*raise mlp_ratio"),
+    (dict(n_embd=4, n_head=4, qk_norm=True), r"qk_norm with norm_type='layernorm' needs a head size above 1"),
+    (dict(n_kv_head=-1), r"n_kv_head=-1 must be positive, or 0 for as many as n_head"),
     (dict(n_embd=12, n_head=4, pos_encoding="rope"), r"pos_encoding='rope'.*head size.* 3"),
     (dict(n_layer=0), r"n_layer=0"),
     (dict(n_embd=-1), r"n_embd=-1"),
@@ -436,7 +461,7 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
 @pytest.mark.parametrize("flags", [dict(), dict(bias=False, norm_type="rmsnorm"), dict(norm_placement="post"),
                                    dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3),
                                    dict(activation="swiglu"), dict(activation="geglu", bias=False),
-                                   dict(parallel=True, qk_norm=True),
+                                   dict(parallel=True, qk_norm=True), dict(qk_norm=True, bias=False),
                                    dict(parallel=True, qk_norm=True, norm_type="rmsnorm", norm_placement="post")])
 def test_the_config_counts_the_parameters_of_its_model(flags):
     cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)

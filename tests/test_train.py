@@ -115,6 +115,17 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
         assert wa["best_val_loss"] == wb["best_val_loss"]
 
 
+def test_a_checkpoint_older_than_a_model_field_resumes_with_its_default(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4")) == 0
+    ckpt = checkpoint.load(out / "ckpt.pt")
+    for newer in ("parallel", "qk_norm"):
+        del ckpt["model_config"][newer]
+    checkpoint.save(ckpt, out / "ckpt.pt")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 0
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 6
+
+
 def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--n_layer=1")) == 0
