@@ -396,21 +396,24 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
         unset = [name for name in file_sweep if name not in raw]
         if unset:
-            picks = " ".join(f"--{name}={_shown(file_sweep[name][0])}" for name in unset)
+            picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
             raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
                             f"setting: pick one value for each, e.g. {picks}")
         return Args(values=values, sweep={})
-    for name in {**file_sweep, **sweep}:
+    for name, listed in {**file_sweep, **sweep}.items():
         where = "--sweep" if name in sweep else config_name
+        twice = [v for i, v in enumerate(listed) if v in listed[:i]]
+        if twice:   # 1 and true, or 1e-3 and 0.001, are one value once typed
+            raise UserError(f"{where} lists {name}={shown(twice[0])} twice; list each value once")
         if name in RESERVED_AXES:
             hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
             raise UserError(f"{f'--sweep {name}' if name in sweep else f'{config_name} sweeps {name}'}: "
                             f"the sweep sets {name} itself{hint}")
         if name in raw:         # the axis would win unseen
-            axis = ",".join(_shown(v) for v in sweep.get(name, file_sweep.get(name)))
+            axis = ",".join(shown(v) for v in sweep.get(name, file_sweep.get(name)))
             fix = ("give one or the other" if name in sweep else
-                   f"to run only some values, give them as --sweep {name}={_shown(raw[name])}")
-            raise UserError(f"--{name}={_shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
+                   f"to run only some values, give them as --sweep {name}={shown(raw[name])}")
+            raise UserError(f"--{name}={shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
     return Args(values=values, sweep={**file_sweep, **sweep})
 
 
@@ -422,8 +425,8 @@ def build(cls, values: dict, base: dict | None = None):
     return cls(**merged)
 
 
-def _shown(default) -> str:
-    """A default as it would be typed: true, 0.001, learned; quoted only when blank."""
+def shown(default) -> str:
+    """A value as it would be typed: true, 0.001, learned; quoted only when blank."""
     if isinstance(default, bool):
         return str(default).lower()
     text = str(default)
@@ -445,6 +448,6 @@ def help_text(prog: str, sections=SECTIONS) -> str:
         for f in dataclasses.fields(cls):
             choices = f.metadata.get("choices")
             allowed = f" [{' | '.join(choices)}]" if choices else ""
-            lines.append(f"  --{f.name}={_shown(f.default)}{allowed}\n      {f.metadata['help']}")
+            lines.append(f"  --{f.name}={shown(f.default)}{allowed}\n      {f.metadata['help']}")
         lines.append("")
     return "\n".join(lines)

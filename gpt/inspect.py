@@ -32,7 +32,11 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     from . import checkpoint
     from .data import read_prompt
     model, tok = checkpoint.load_for_sampling(out_dir)
-    ids = tok.encode(read_prompt(prompt))[-model.config.block_size:]
+    ids = tok.encode(read_prompt(prompt))
+    block = model.config.block_size
+    if len(ids) > block:
+        print(f"note: the prompt has {len(ids)} tokens; the picture shows its last {block} (block_size)")
+        ids = ids[-block:]
     if not ids:
         raise UserError("--start is empty; give the prompt whose attention to draw")
     maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)

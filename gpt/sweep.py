@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import checkpoint
-from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build
+from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown
 from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
@@ -79,15 +79,11 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
 
 
 def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
-    """Fail before anything runs: on --resume, on two settings that would share a folder, and on
-    any grid point that is not a valid config. Returns each run's configs."""
+    """Fail before anything runs: on --resume, and on any grid point that is not a valid config
+    (an axis listing a value twice was refused where it was parsed). Returns each run's configs."""
     if values.get("resume"):
         raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
                         "again without --resume")
-    labels = [r.folder.name for r in runs]
-    if len(set(labels)) != len(labels):
-        raise UserError(f"two grid points share the name {max(set(labels), key=labels.count)!r}; "
-                        "list each value once")
     return [(build(GPTConfig, {**values, **_setting(r)}),
              build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
             for r in runs]
@@ -98,7 +94,7 @@ NOT_COMPARED = {"out_dir", "vocab_size", "threads", "resume", "wandb", "wandb_pr
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
-    """The settings in which the run already in run.folder (its config.json) differs from the
+    """How the run already in run.folder (its config.json, one line per setting) differs from the
     configs the sweep would give it now: reusing it would report old results as new ones."""
     path = run.folder / "config.json"
     if not path.exists():
@@ -116,7 +112,7 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
             if f.name == "data_dir":    # older runs recorded it as given, from the repository root
                 old = str((REPO_ROOT / old).resolve())
             if f.name not in NOT_COMPARED and old != getattr(cfg, f.name):
-                changed.append(f.name)
+                changed.append(f"{f.name}={shown(old)} in the run, {shown(getattr(cfg, f.name))} now")
     return changed
 
 
@@ -486,8 +482,13 @@ def report(out_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m gpt.sweep report DIR"
+    if {"-h", "--help"} & set(argv):
+        print(f"{usage}\n\nWrites DIR/sweep.csv, summary.md, curves.png and diagnostics.png for the sweep "
+              "in DIR.\nSweeps run with: python train.py --config NAME --sweep name=v1,v2 ...")
+        return 0
     if len(argv) != 2 or argv[0] != "report":
-        print("usage: python -m gpt.sweep report DIR", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         report(Path(argv[1]))

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import GPTConfig, TrainConfig, UserError, build
+from .config import GPTConfig, TrainConfig, UserError, build, shown
 from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
@@ -287,11 +287,6 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     return build(GPTConfig, values, base=base_model), train_cfg
 
 
-def _shown(value) -> str:
-    """A value as it is typed on the command line."""
-    return str(value).lower() if isinstance(value, bool) else repr(value)
-
-
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
     saved = ckpt.get("meta", {})
     if (saved.get("tokenizer"), saved.get("chars")) != (meta.get("tokenizer"), meta.get("chars")):
@@ -299,7 +294,7 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
                         f"differs from the checkpoint's ({saved.get('vocab_size')} tokens)")
     now = dataclasses.asdict(model_cfg)
     then = dataclasses.asdict(checkpoint.model_config(ckpt))    # fields newer than it at their defaults
-    diffs = [f"{k}={_shown(then[k])} in the checkpoint but {_shown(now[k])} now"
+    diffs = [f"{k}={shown(then[k])} in the checkpoint but {shown(now[k])} now"
              for k in now if k != "dropout" and then[k] != now[k]]
     if diffs:
         raise UserError("cannot resume with a different model: " + "; ".join(diffs))

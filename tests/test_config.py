@@ -116,6 +116,8 @@ def test_help_lists_every_field_with_default_and_meaning():
 
 @pytest.mark.parametrize("argv, message", [
     (["--sweep", "n_layer=1,2", "--sweep", "n_layer=3"], "--sweep n_layer is given twice"),
+    (["--sweep", "qk_norm=true,1"], "--sweep lists qk_norm=true twice; list each value once"),
+    (["--sweep", "learning_rate=1e-3,0.001"], "--sweep lists learning_rate=0.001 twice"),
     (["--config", "shakespeare_chr"], "did you mean shakespeare_char?"),
     (["--config", "sweeps/heads", "--n_head=2"],
      "--n_head=2 is also swept by sweeps/heads (n_head=1,2,4,8); to run only some values, give them "

@@ -108,6 +108,11 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     assert inspect.main(["attention", f"--out_dir={out}", f"--start=FILE:{tmp_path / 'prompt.txt'}",
                          f"--out={tmp_path / 'a.png'}"]) == 0
     assert (tmp_path / "a.png").read_bytes() == (out / "attention.png").read_bytes()
+    # a prompt longer than the context: the picture is of its last block_size tokens, and it says so
+    capsys.readouterr()
+    assert inspect.main(["attention", f"--out_dir={out}", "--start=" + "ROMEO: to be " * 3,
+                         f"--out={tmp_path / 'long.png'}"]) == 0
+    assert "note: the prompt has 39 tokens; the picture shows its last 16 (block_size)" in capsys.readouterr().out
     # bad names for the picture, and lines of another shape in the log
     for bad, message in ((tmp_path / "a.txt", "a format matplotlib writes, such as .png"),
                          (out / "ckpt.pt" / "x.png", "ckpt.pt is a file, not a folder")):
@@ -124,6 +129,14 @@ def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
     assert inspect.main(["attention", f"--out_dir={tmp_path}"]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+    # a sweep's folder holds runs, not a checkpoint: name one
+    for run in ("b=2__seed=1", "a=1__seed=1"):
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "ckpt.pt").write_bytes(b"")
+    (tmp_path / "sweep.json").write_text("{}")
+    assert inspect.main(["attention", f"--out_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path} is a sweep; give one of its runs, "
+                                       f"e.g. {tmp_path / 'a=1__seed=1'}\n")
 
 
 def test_whole_split_loss_covers_every_window_once():

@@ -62,7 +62,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
 @pytest.mark.parametrize("axis, message", [
     ("seed=1,2", "the sweep sets seed itself"),
     ("seeds=2,3", "the sweep sets seeds itself"),
-    ("n_layer=2,2", "two grid points share the name 'n_layer=2__seed=1337'"),
+    ("n_layer=2,2", "--sweep lists n_layer=2 twice; list each value once"),
     ("out_dir=a,b", "the sweep sets out_dir itself"),
 ])
 def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
@@ -75,7 +75,7 @@ def test_a_sweep_folder_refuses_other_settings_and_counts_completed_checkpoints(
     argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true,false")
     assert train.main(argv) == 0
     assert train.main(argv[:-2] + ["--max_iters=8", "--sweep", "residual=true,false"]) == 2
-    assert ("holds runs trained with other settings (residual=true__seed=1337: max_iters)"
+    assert ("holds runs trained with other settings (residual=true__seed=1337: max_iters=4 in the run, 8 now)"
             in capsys.readouterr().err)
     # a run that ended but whose result was never recorded (the sweep was stopped just then)
     (out / "residual=false__seed=1337" / "result.json").unlink()
@@ -121,6 +121,12 @@ def test_summary_flags_differences_beyond_seed_noise():
 def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
     assert sweep.main(["report", str(tmp_path)]) == 2
     assert "sweep.json does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["report", "-h"], ["report", "DIR", "--help"]])
+def test_sweep_help_is_help(argv, capsys):
+    assert sweep.main(argv) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR\n")
 
 
 def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, capsys):
@@ -186,7 +192,7 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     capsys.readouterr()
     # the n_head runs were trained with gelu: they must not stand for relu runs
     assert sweep_with("--sweep", "n_head=1,2", "--activation=relu") == 2
-    assert "holds runs trained with other settings (n_head=1__seed=1337: activation)" in capsys.readouterr().err
+    assert "holds runs trained with other settings (n_head=1__seed=1337: activation=gelu in the run, relu now)" in capsys.readouterr().err
     # a default typed out is no change; a run recorded with a relative data_dir read the repository's
     assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu") == 0
     run = sweep.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
@@ -196,7 +202,7 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     record["train"]["data_dir"] = "data"
     (run.folder / "config.json").write_text(json.dumps(record))
     assert sweep.changed_settings(run, model_cfg, train_cfg) == []
-    assert sweep.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == ["data_dir"]
+    assert sweep.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == [f"data_dir={REPO_ROOT / 'data'} in the run, /x now"]
     # a setting the record lacks (a field newer than the run) is the default the run used; where
     # the folder sits is not a setting
     del record["model"]["activation"]
@@ -204,7 +210,7 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     (run.folder / "config.json").write_text(json.dumps(record))
     assert sweep.changed_settings(run, model_cfg, train_cfg) == []
     relu = GPTConfig(**{**record["model"], "activation": "relu"})
-    assert sweep.changed_settings(run, relu, train_cfg) == ["activation"]
+    assert sweep.changed_settings(run, relu, train_cfg) == ["activation=gelu in the run, relu now"]
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
