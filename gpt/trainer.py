@@ -343,10 +343,12 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     device_type = torch.device(device).type
     master = rank == 0
     out_dir = Path(cfg.out_dir)
+    if device_type == "cpu":
+        # before the first parallel op: OpenMP's threads take this thread's float state when made
+        torch.set_flush_denormal(cfg.flush_denormal)
+        keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if device_type == "cpu":
-        keep_freed_memory()
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

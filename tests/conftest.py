@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
@@ -26,6 +27,13 @@ def make_text(n_words: int = 4000, seed: int = 0) -> str:
             lines.append(" ".join(line) + rng.choice([",", ".", "!", "?"]))
             line = []
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True)
+def ieee_floats():
+    """Training flushes subnormal floats to zero for the whole process; no other test inherits it."""
+    yield
+    torch.set_flush_denormal(False)
 
 
 @pytest.fixture

@@ -115,6 +115,15 @@ def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
         assert wa["best_val_loss"] == wb["best_val_loss"]
 
 
+def test_training_on_cpu_flushes_subnormal_floats_unless_told_not_to(data_dir, tmp_path):
+    subnormal = torch.tensor([1e-39])          # below float32's smallest normal, 1.2e-38
+    for flush, expected in ((True, 0.0), (False, 1e-39)):
+        out = tmp_path / str(flush)
+        assert train.main(tiny_args(data_dir, out, "--max_iters=1", "--eval_interval=1",
+                                    f"--flush_denormal={str(flush).lower()}")) == 0
+        assert (subnormal * 1.0).item() == pytest.approx(expected, abs=1e-45)
+
+
 def test_a_checkpoint_older_than_a_model_field_resumes_with_its_default(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4")) == 0
