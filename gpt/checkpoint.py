@@ -51,9 +51,9 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         raise UserError(f"{path.parent} is a file, not a run folder; give the out_dir a run was "
                         "trained into")
     if not path.is_file():
-        runs = sorted(p.parent.name for p in path.parent.glob(f"*/{path.name}"))
-        if (path.parent / "sweep.json").is_file() and runs:
-            raise UserError(f"{path.parent} is a sweep; give one of its runs, e.g. {path.parent / runs[0]}")
+        runs = sorted(path.parent.rglob(path.name)) if (path.parent / "sweep.json").is_file() else []
+        if runs:
+            raise UserError(f"{path.parent} is a sweep; give one of its runs, e.g. {runs[0].parent}")
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
     try:
         with open(path, "rb") as f:

@@ -79,18 +79,28 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
 
 
 def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
-    """Fail before anything runs: on --resume, and on any grid point that is not a valid config
-    (an axis listing a value twice was refused where it was parsed). Returns each run's configs."""
+    """Fail before anything runs: on --resume, on two settings that would share a run folder, and
+    on any grid point that is not a valid config. Returns each run's configs."""
     if values.get("resume"):
         raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
                         "again without --resume")
+    # values that differ only in path spelling (./data, .//data) or in case (one folder on macOS)
+    seen = {}
+    for r in runs:
+        key = os.path.normpath(r.folder).casefold()
+        if key in seen:
+            raise UserError(f"two settings would share one run folder ({seen[key].folder.name} and "
+                            f"{r.folder.name}); give values that differ by more than case or path spelling")
+        seen[key] = r
     return [(build(GPTConfig, {**values, **_setting(r)}),
              build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
             for r in runs]
 
 
-# what may differ between a run's starts without changing its results; the folder is the run's own
-NOT_COMPARED = {"out_dir", "vocab_size", "threads", "resume", "wandb", "wandb_project", "wandb_run_name"}
+# what may differ between a run's starts without changing its results (flush_denormal only below
+# float32's smallest normal, and runs older than it never flushed); the folder is the run's own
+NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "wandb", "wandb_project",
+                "wandb_run_name"}
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
@@ -155,7 +165,7 @@ def run(args, argv: list[str]) -> int:
         changed = changed_settings(r, model_cfg, train_cfg) if kept else []
         if changed:
             raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
-                            f"{', '.join(changed)}); use another --out_dir, or the same settings "
+                            f"{'; '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
     for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder

@@ -280,6 +280,9 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     if train_cfg.resume:
         path = Path(train_cfg.out_dir) / "ckpt.pt"
         if not path.exists():
+            if (path.parent / "sweep.json").is_file():
+                raise UserError(f"--resume: {path.parent} is a sweep; run the sweep's own command "
+                                "again, without --resume, to continue its runs")
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
         ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]

@@ -52,6 +52,7 @@ def test_the_config_list_reaches_into_subfolders():
     (["--n_layer=four"], r"n_layer='four' is not a valid int"),
     (["--n_layer=2.5"], r"n_layer='2.5' is not a valid int"),
     (["--compile=maybe"], r"compile='maybe' is not a valid bool; give true or false$"),
+    (["--n_layer=four"], r"n_layer='four' is not a valid int; give a whole number$"),
     (["--config", "nope"], r"no config named 'nope'; available: .*shakespeare_char"),
     (["n_layer=4"], r"unexpected argument 'n_layer=4'"),
     (["--sweep", "n_layer"], r"should look like --sweep name=v1,v2"),

@@ -63,6 +63,9 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     ("seed=1,2", "the sweep sets seed itself"),
     ("seeds=2,3", "the sweep sets seeds itself"),
     ("n_layer=2,2", "--sweep lists n_layer=2 twice; list each value once"),
+    ("seed=1,1", "the sweep sets seed itself"),
+    ("wandb_run_name=a,A", "two settings would share one run folder (wandb_run_name=a__seed=1337 and "
+                           "wandb_run_name=A__seed=1337); give values that differ by more than case"),
     ("out_dir=a,b", "the sweep sets out_dir itself"),
 ])
 def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
@@ -180,6 +183,11 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--resume", "--sweep", "residual=true,false")) == 2
     assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
+    # a sweep's folder given to --resume alone, as if it were one run
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text("{}")
+    assert train.main([f"--out_dir={tmp_path / 'sw'}", "--resume"]) == 2
+    assert "is a sweep; run the sweep's own command again, without --resume" in capsys.readouterr().err
 
 
 def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data_dir, tmp_path, capsys):
@@ -193,8 +201,9 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     # the n_head runs were trained with gelu: they must not stand for relu runs
     assert sweep_with("--sweep", "n_head=1,2", "--activation=relu") == 2
     assert "holds runs trained with other settings (n_head=1__seed=1337: activation=gelu in the run, relu now)" in capsys.readouterr().err
-    # a default typed out is no change; a run recorded with a relative data_dir read the repository's
-    assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu") == 0
+    # a default typed out is no change, nor is a speed setting; a run recorded with a relative
+    # data_dir read the repository's
+    assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu", "--flush_denormal=true") == 0
     run = sweep.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
     record = json.loads((run.folder / "config.json").read_text())
     model_cfg = GPTConfig(**record["model"])
