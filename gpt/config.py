@@ -427,11 +427,11 @@ def build(cls, values: dict, base: dict | None = None):
     return cls(**merged)
 
 
-def shown(default) -> str:
+def shown(value) -> str:
     """A value as it would be typed: true, 0.001, learned; quoted when spaces or commas would blur it."""
-    if isinstance(default, bool):
-        return str(default).lower()
-    text = str(default)
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = str(value)
     return repr(text) if text != text.strip() or not text or "," in text or " " in text else text
 
 

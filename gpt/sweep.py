@@ -87,18 +87,20 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
     # values that differ only in path spelling (./data, .//data) or in case (one folder on macOS)
     seen = {}
     for r in runs:
-        key = os.path.normpath(r.folder).casefold()
+        key = os.path.normpath(r.folder).lower()
         if key in seen:
-            raise UserError(f"two settings would share one run folder ({seen[key].folder.name} and "
-                            f"{r.folder.name}); give values that differ by more than case or path spelling")
+            raise UserError(f"two settings would share one run folder ({setting_label(seen[key].setting)} "
+                            f"and {setting_label(r.setting)}); give values that differ by more than case "
+                            "or path spelling")
         seen[key] = r
     return [(build(GPTConfig, {**values, **_setting(r)}),
              build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
             for r in runs]
 
 
-# what may differ between a run's starts without changing its results (flush_denormal only below
-# float32's smallest normal, and runs older than it never flushed); the folder is the run's own
+# what may differ between a run's starts without changing what is compared: where and how fast it
+# runs (flush_denormal changes only values below float32's smallest normal, yet after many steps the
+# losses drift within seed noise; runs older than the field never flushed); the folder is the run's own
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "wandb", "wandb_project",
                 "wandb_run_name"}
 

@@ -13,7 +13,8 @@ from gpt.data import prepare  # noqa: E402
 TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
         "--batch_size=4", "--eval_iters=2", "--warmup_iters=2", "--threads=1",
         "--dropout=0.0", "--log_interval=1",
-        "--flush_denormal=false"]     # flushing reaches only threads made after it: not this process's
+        "--flush_denormal=false"]   # this process's torch threads exist already: flushing would
+                                    # reach only the main thread, and outlive the test
 
 
 def make_text(n_words: int = 4000, seed: int = 0) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpt.config import (CONFIG_DIR, GPTConfig, SampleConfig, TrainConfig, UserError, available_configs,
-                        build, convert, help_text, parse_argv, read_config_file)
+                        build, convert, help_text, parse_argv, read_config_file, shown)
 
 
 def test_overrides_are_typed_and_win_over_the_file():
@@ -49,10 +49,10 @@ def test_the_config_list_reaches_into_subfolders():
 @pytest.mark.parametrize("argv, message", [
     (["--n_layers=4"], r"unknown option --n_layers; did you mean --n_layer\?"),
     (["--learning_rat=1"], r"did you mean --learning_rate\?"),
-    (["--n_layer=four"], r"n_layer='four' is not a valid int"),
     (["--n_layer=2.5"], r"n_layer='2.5' is not a valid int"),
     (["--compile=maybe"], r"compile='maybe' is not a valid bool; give true or false$"),
     (["--n_layer=four"], r"n_layer='four' is not a valid int; give a whole number$"),
+    (["--learning_rate=fast"], r"learning_rate='fast' is not a valid float; give a number$"),
     (["--config", "nope"], r"no config named 'nope'; available: .*shakespeare_char"),
     (["n_layer=4"], r"unexpected argument 'n_layer=4'"),
     (["--sweep", "n_layer"], r"should look like --sweep name=v1,v2"),
@@ -189,3 +189,8 @@ def test_a_config_file_path_works(tmp_path: Path):
     path.write_text("n_layer = [\n")
     with pytest.raises(UserError, match="mine.toml"):
         read_config_file(str(path))
+
+
+def test_values_are_shown_as_typed_and_quoted_where_spaces_or_commas_would_blur_them():
+    values = (True, 0.001, "learned", "", "a, b", " x", "a,b")
+    assert [shown(v) for v in values] == ["true", "0.001", "learned", "''", "'a, b'", "' x'", "'a,b'"]

@@ -64,8 +64,8 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     ("seeds=2,3", "the sweep sets seeds itself"),
     ("n_layer=2,2", "--sweep lists n_layer=2 twice; list each value once"),
     ("seed=1,1", "the sweep sets seed itself"),
-    ("wandb_run_name=a,A", "two settings would share one run folder (wandb_run_name=a__seed=1337 and "
-                           "wandb_run_name=A__seed=1337); give values that differ by more than case"),
+    ("wandb_run_name=a,A", "two settings would share one run folder (wandb_run_name=a and "
+                           "wandb_run_name=A); give values that differ by more than case"),
     ("out_dir=a,b", "the sweep sets out_dir itself"),
 ])
 def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
