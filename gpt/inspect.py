@@ -118,7 +118,9 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     ax = axes[0][1]
-    ax.plot([r["iter"] for r in steps], [r["lr"] for r in steps])
+    # train lines come every log_interval; eval lines carry the rate too, up to the last step
+    lrs = sorted({r["iter"]: r["lr"] for r in steps + [e for e in evals if "lr" in e]}.items())
+    ax.plot([it for it, _ in lrs], [lr for _, lr in lrs])
     ax.set_title("learning rate", fontsize=9)
     ax.grid(alpha=0.3)
     _per_block(axes[0][2], evals, "block_grad_norm", "gradient norm per block", log=True)

@@ -124,6 +124,17 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     assert inspect.main(["run", str(out)]) == 0
 
 
+def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--log_interval=4")) == 0
+    figures = []
+    monkeypatch.setattr(inspect, "_save", lambda fig, path: figures.append(fig))
+    inspect.run_figure(out, out / "dashboard.png")
+    lr_line = figures[0].axes[1].lines[0]
+    assert list(lr_line.get_xdata()) == [0, 3, 4, 6]       # train lines at 0 and 4, evals at 0, 3, 6
+    inspect.pyplot().close(figures[0])
+
+
 def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert inspect.main(["run", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
