@@ -44,7 +44,7 @@ def run(argv: list[str]) -> int:
               "interrupted; a checkpoint already saved is whole, and --resume continues from it",
               file=sys.stderr)
         return 130
-    return 130 if summary["stopped_by"] else 0
+    return trainer.exit_status(summary["stopped_by"])
 
 
 if __name__ == "__main__":

@@ -212,14 +212,14 @@ def run(args, argv: list[str]) -> int:
             for proc in [p for p in running if p.poll() is not None]:
                 done += 1
                 _record(running.pop(proc), proc.returncode, done, len(runs))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         for proc in running:
             proc.terminate()          # each run saves a checkpoint; the next start resumes it
         for proc, entry in running.items():
             if proc.wait() == 0:      # it had finished just before the stop
                 _record(entry, 0, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
     finally:
         signal.signal(signal.SIGTERM, previous)
     report(out_dir)
@@ -232,8 +232,12 @@ def run(args, argv: list[str]) -> int:
     return 0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, which stops a sweep as Ctrl-C does but is reported as itself."""
+
+
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def _done(folder: Path) -> bool:

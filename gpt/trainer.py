@@ -113,6 +113,14 @@ def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
+def exit_status(stopped_by: str | None) -> int:
+    """0 for a run that ended, else 128 + the signal's number, as a shell reports a stopped job
+    (130 for Ctrl-C, 143 for SIGTERM); a stop that came from another DDP rank counts as Ctrl-C."""
+    if stopped_by is None:
+        return 0
+    return 128 + getattr(signal.Signals, stopped_by, signal.SIGINT)
+
+
 def lr_at(it: int, cfg: TrainConfig) -> float:
     """Linear warmup over the first warmup_iters steps (step i uses (i + 1) / warmup_iters of
     learning_rate), then cosine decay to min_lr at lr_decay_iters, then min_lr."""

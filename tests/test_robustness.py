@@ -54,7 +54,7 @@ def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     wait_for_iter(out, 15, proc)
     proc.send_signal(sig)
     stdout, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err      # as a shell reports it: 130 for Ctrl-C, 143
     stopped_at = checkpoint.load(out / "ckpt.pt")["iter"]
     assert 0 < stopped_at < 60 and f"saved {out / 'ckpt.pt'} at iteration {stopped_at}" in stdout
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
@@ -459,6 +459,17 @@ def test_training_into_an_unwritable_stdout_trains_to_the_end(sink, buffered, da
     assert proc.returncode == 0 and proc.stderr == ""
     assert proc.stdout.startswith("iter 0: train") if "head" in sink else proc.stdout == ""
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 100
+
+
+def test_a_terminated_sweep_stops_its_runs_and_exits_as_sigterm(data_dir, tmp_path):
+    out = tmp_path / "sw"
+    proc = spawn(tiny_args(data_dir, out, "--max_iters=100000", "--eval_interval=10", "--sweep", "n_layer=1,2"))
+    wait_for_iter(out / "n_layer=1__seed=1337", 15, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.endswith("sweep interrupted; run the same command again to continue\n")
+    assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
 
 
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
