@@ -28,7 +28,7 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import DIVERGED_EXIT, read_jsonl
+from .trainer import DIVERGED_EXIT, read_jsonl, write_json
 
 
 @dataclass
@@ -175,7 +175,7 @@ def run(args, argv: list[str]) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    _write_json(out_dir / "sweep.json",
+    write_json(out_dir / "sweep.json",
                 {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
                  "command": " ".join(["python", "train.py", *argv])})
 
@@ -184,7 +184,7 @@ def run(args, argv: list[str]) -> int:
         if end:
             continue
         if _finished_by_checkpoint(r, cfg.max_iters):
-            _write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": math.nan})
+            write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": math.nan})
         else:
             todo.append(r)
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
@@ -251,19 +251,12 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
     log.close()
     status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
-    _write_json(run.folder / "result.json", result)
+    write_json(run.folder / "result.json", result)
     final = _final_eval(run.folder)
     val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
     print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Write, then rename: a stop in the middle leaves the old file or none, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- report

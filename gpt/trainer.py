@@ -172,6 +172,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def write_json(path: Path, data: dict) -> None:
+    """Write, then rename: a stop in the middle leaves the old file or none, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a metrics.jsonl; a line cut short by a kill is skipped."""
     rows = []
@@ -416,9 +423,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     if master:
         if cfg.resume:
             metrics.trim(start_iter)
-        tmp = out_dir / "config.json.tmp"     # whole or absent: a sweep reads it to reuse the run
-        tmp.write_text(json.dumps(config_record, indent=1))
-        os.replace(tmp, out_dir / "config.json")
+        write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
         with open(out_dir / "command.txt", "a") as f:
             f.write(shlex.join([*launcher(world), "train.py", *(argv or [])]) + "\n")
 
