@@ -176,8 +176,8 @@ def run(args, argv: list[str]) -> int:
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
     write_json(out_dir / "sweep.json",
-                {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
-                 "command": " ".join(["python", "train.py", *argv])})
+               {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
+                "command": " ".join(["python", "train.py", *argv])})
 
     todo = []                                        # failed runs are tried again
     for r, (_, cfg), end in zip(runs, run_cfgs, ended):
