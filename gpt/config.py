@@ -154,10 +154,14 @@ class TrainConfig:
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (over all processes)")
     max_iters: int = opt(5000, "optimizer steps to train for")
     learning_rate: float = opt(1e-3, "peak learning rate")
-    min_lr: float = opt(1e-4, "learning rate at the end of the cosine decay")
+    min_lr: float = opt(1e-4, "learning rate at the end of the decay")
     warmup_iters: int = opt(100, "steps of linear warmup up to learning_rate")
-    lr_decay_iters: int = opt(5000, "step at which the cosine decay reaches min_lr")
-    decay_lr: bool = opt(True, "cosine decay after warmup; false keeps learning_rate after warmup")
+    lr_decay_iters: int = opt(5000, "step at which the decay reaches min_lr")
+    lr_schedule: str = opt("cosine", "after warmup: cosine or linear decay to min_lr, wsd (warmup-"
+                           "stable-decay: flat, then a linear cooldown; Hu 2024, Hagele 2024), or "
+                           "constant at learning_rate", ("cosine", "linear", "wsd", "constant"))
+    cooldown_frac: float = opt(0.2, "wsd: share of the steps between warmup and lr_decay_iters spent "
+                               "cooling down to min_lr")
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -182,12 +186,14 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         _check_seed(self.seed)
-        if self.min_lr > self.learning_rate:
+        if self.min_lr > self.learning_rate and self.lr_schedule != "constant":
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
-        if self.decay_lr and self.lr_decay_iters <= self.warmup_iters:
+        if self.lr_schedule != "constant" and self.lr_decay_iters <= self.warmup_iters:
             raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
                             f"{self.warmup_iters}; the decay would start with a drop to min_lr "
-                            "(raise lr_decay_iters, or pass --decay_lr=false)")
+                            "(raise lr_decay_iters, or pass --lr_schedule=constant)")
+        if not 0.0 < self.cooldown_frac <= 1.0:
+            raise UserError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
@@ -235,6 +241,8 @@ def fields_of(sections) -> dict:
 
 
 FIELDS = fields_of(SECTIONS)
+# options that were replaced: what an old name given now is told to use instead
+REPLACED = {"decay_lr": "--lr_schedule=cosine for true, --lr_schedule=constant for false"}
 
 
 # ---------------------------------------------------------------- converting values
@@ -284,6 +292,8 @@ def convert(name: str, value, fields: dict = FIELDS):
 
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
     classes = {cls for cls, _ in fields.values()}
+    if name in REPLACED and name not in fields and TrainConfig in classes:
+        return f"--{name} was replaced; use {REPLACED[name]}"
     extra = ["config"] * (TrainConfig in classes) + ["sweep"] * (SweepConfig in classes)
     close = difflib.get_close_matches(name, list(fields) + extra, n=1)
     hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
@@ -326,6 +336,8 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
         raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
 
     def typed(key, value):
+        if key in REPLACED:
+            raise UserError(f"{path}: {key} was replaced; use {REPLACED[key].replace('--', '')}")
         if key not in FIELDS:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
             raise UserError(f"{path}: {key} is not a setting"
@@ -370,6 +382,8 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
                 value = tokens.pop(0)
             elif name in fields and _field_type(*fields[name]) is bool:
                 value = "true"
+            elif name not in fields and name not in ("config", "sweep"):
+                raise UserError(unknown_name_message(name, fields))
             else:
                 raise UserError(f"--{name} needs a value: --{name}=VALUE")
         if name == "sweep" and SweepConfig not in sections:
@@ -383,6 +397,8 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             axis, eq, values = value.partition("=")
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
+            if axis in REPLACED:
+                raise UserError(f"--sweep {axis}: {axis} was replaced; use {REPLACED[axis]}")
             if axis not in fields:
                 close = difflib.get_close_matches(axis, list(fields), n=1)
                 hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
@@ -419,11 +435,18 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     return Args(values=values, sweep={**file_sweep, **sweep})
 
 
+def _upgraded(cls, saved: dict) -> dict:
+    """A config saved by an older version, in today's fields."""
+    if cls is TrainConfig and "decay_lr" in saved and "lr_schedule" not in saved:
+        return {**saved, "lr_schedule": "cosine" if saved["decay_lr"] else "constant"}
+    return saved
+
+
 def build(cls, values: dict, base: dict | None = None):
     """Make a `cls` from `base` (e.g. a checkpoint's saved config) updated with `values`."""
     names = {f.name for f in dataclasses.fields(cls)}
-    merged = {k: v for k, v in (base or {}).items() if k in names}
-    merged.update({k: v for k, v in values.items() if k in names})
+    merged = {k: v for k, v in _upgraded(cls, base or {}).items() if k in names}
+    merged.update({k: v for k, v in _upgraded(cls, values).items() if k in names})
     return cls(**merged)
 
 

@@ -1,4 +1,4 @@
-"""The training loop: AdamW, warmup + cosine decay, accumulation, clipping, evaluation,
+"""The training loop: AdamW, warmup then the chosen decay, accumulation, clipping, evaluation,
 checkpoints, metrics.jsonl, and resuming exactly where a run stopped.
 
 One optimizer step draws all of its micro-batches at once from a seeded generator, and each
@@ -123,15 +123,21 @@ def exit_status(stopped_by: str | None) -> int:
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
     """Linear warmup over the first warmup_iters steps (step i uses (i + 1) / warmup_iters of
-    learning_rate), then cosine decay to min_lr at lr_decay_iters, then min_lr."""
+    learning_rate), then lr_schedule's way down to min_lr at lr_decay_iters, then min_lr."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / cfg.warmup_iters
-    if not cfg.decay_lr:
+    if cfg.lr_schedule == "constant":
         return cfg.learning_rate
     if it >= cfg.lr_decay_iters:
         return cfg.min_lr
     progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)    # config: > 0
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+    if cfg.lr_schedule == "cosine":
+        share = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif cfg.lr_schedule == "linear":
+        share = 1.0 - progress
+    else:       # wsd: flat at learning_rate until the cooldown, then linear down to min_lr
+        share = min(1.0, (1.0 - progress) / cfg.cooldown_frac)
+    return cfg.min_lr + share * (cfg.learning_rate - cfg.min_lr)
 
 
 def tokens_per_step(model_cfg: GPTConfig, cfg: TrainConfig) -> int:

@@ -80,7 +80,9 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (SampleConfig, {"temperature": 1e-39}, r"temperature=1e-39 must be 0 \(greedy\) or at least"),
     (TrainConfig, {"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32\)"),
     (TrainConfig, {"warmup_iters": 0, "lr_decay_iters": 0},
-     r"lr_decay_iters=0 is not after the end of warmup_iters=0.*--decay_lr=false"),
+     r"lr_decay_iters=0 is not after the end of warmup_iters=0.*--lr_schedule=constant"),
+    (TrainConfig, {"lr_schedule": "cos"}, r"lr_schedule='cos' is not allowed; did you mean cosine\?"),
+    (TrainConfig, {"lr_schedule": "wsd", "cooldown_frac": 0.0}, r"cooldown_frac=0.0 must be in \(0, 1\]"),
 ])
 def test_bad_values_fail_where_they_enter(cls, values, message):
     with pytest.raises(UserError, match=message):
@@ -98,7 +100,42 @@ def test_sweep_axes_parse_to_typed_lists():
 def test_whole_numbers_parse_exactly():
     assert convert("max_iters", "9007199254740993") == 2 ** 53 + 1        # float() would round it
     assert convert("max_iters", "1e4") == convert("max_iters", 5000.0) * 2 == 10000
-    assert build(TrainConfig, {"warmup_iters": 0, "lr_decay_iters": 0, "decay_lr": False}).decay_lr is False
+
+
+def test_configs_saved_with_decay_lr_keep_their_schedule():
+    # runs saved before lr_schedule recorded decay_lr; a resume or a sweep must read them as run
+    assert build(TrainConfig, {}, base={"decay_lr": False, "warmup_iters": 0,
+                                        "lr_decay_iters": 0}).lr_schedule == "constant"
+    assert build(TrainConfig, {}, base={"decay_lr": True}).lr_schedule == "cosine"
+    assert build(TrainConfig, {"lr_schedule": "wsd"}, base={"decay_lr": False}).lr_schedule == "wsd"
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["--decay_lr=false"], "--decay_lr was replaced"),
+    (["--sweep", "decay_lr=true,false"], "--sweep decay_lr: decay_lr was replaced"),
+    (["--decay_lr"], "--decay_lr was replaced"),         # a bool given bare meant true
+])
+def test_a_replaced_option_names_its_successor(argv, where):
+    with pytest.raises(UserError, match=f"{where}; use --lr_schedule=cosine for true, "
+                                        "--lr_schedule=constant for false"):
+        parse_argv(argv)
+
+
+def test_a_replaced_option_is_unknown_to_commands_without_it():
+    with pytest.raises(UserError, match=r"^unknown option --decay_lr; see --help for the list$"):
+        parse_argv(["--decay_lr=false"], (SampleConfig,))
+
+
+def test_a_constant_schedule_may_run_below_min_lr():
+    assert build(TrainConfig, {"lr_schedule": "constant", "learning_rate": 1e-5}).min_lr == 1e-4
+
+
+def test_a_replaced_option_in_a_config_file_names_its_successor(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text("decay_lr = false\n")
+    with pytest.raises(UserError, match=r"old.toml: decay_lr was replaced; use lr_schedule=cosine for true, "
+                                        "lr_schedule=constant for false"):
+        parse_argv(["--config", str(path)])
 
 
 def test_help_lists_every_field_with_default_and_meaning():

@@ -220,6 +220,12 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     assert sweep.changed_settings(run, model_cfg, train_cfg) == []
     relu = GPTConfig(**{**record["model"], "activation": "relu"})
     assert sweep.changed_settings(run, relu, train_cfg) == ["activation=gelu in the run, relu now"]
+    # a replaced field reads as its successor: decay_lr=true was the cosine schedule
+    del record["train"]["lr_schedule"]
+    for decay_lr, changed in ((True, []), (False, ["lr_schedule=constant in the run, cosine now"])):
+        record["train"]["decay_lr"] = decay_lr
+        (run.folder / "config.json").write_text(json.dumps(record))
+        assert sweep.changed_settings(run, model_cfg, train_cfg) == changed
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):

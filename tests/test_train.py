@@ -31,8 +31,28 @@ def test_schedule_warms_up_linearly_then_follows_the_cosine():
     assert lr_at(110, cfg) == lr_at(500, cfg) == pytest.approx(1e-4)
     lrs = [lr_at(i, cfg) for i in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:]))
-    flat = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=0, decay_lr=False)
+    flat = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=0, lr_schedule="constant")
     assert lr_at(0, flat) == lr_at(4000, flat) == 1e-3
+
+
+def test_linear_and_wsd_schedules_fall_to_min_lr_by_their_shapes():
+    common = dict(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=110)
+    linear = TrainConfig(**common, lr_schedule="linear")
+    assert lr_at(9, linear) == lr_at(10, linear) == pytest.approx(1e-3)
+    assert lr_at(35, linear) == pytest.approx(1e-4 + 0.75 * 9e-4)      # a quarter of the way down
+    assert lr_at(110, linear) == lr_at(300, linear) == pytest.approx(1e-4)
+    wsd = TrainConfig(**common, lr_schedule="wsd", cooldown_frac=0.25)
+    # flat for the first 75 of the 100 steps after warmup, then a straight line over the last 25
+    assert [lr_at(i, wsd) for i in (10, 50, 85)] == pytest.approx([1e-3] * 3)
+    assert lr_at(95, wsd) == pytest.approx(1e-4 + 0.6 * 9e-4)
+    assert lr_at(110, wsd) == lr_at(300, wsd) == pytest.approx(1e-4)
+    steps = range(10, 111)
+    for cfg in (linear, wsd):
+        lrs = [lr_at(i, cfg) for i in steps]
+        assert all(a >= b for a, b in zip(lrs, lrs[1:]))
+    # linear sits below cosine through the first half of the decay, above it through the second
+    cosine = TrainConfig(**common)
+    assert lr_at(30, linear) < lr_at(30, cosine) and lr_at(90, linear) > lr_at(90, cosine)
 
 
 def test_weight_decay_applies_to_matrices_and_embeddings_only():
@@ -139,15 +159,20 @@ def test_training_on_cpu_flushes_subnormal_floats_in_every_thread(data_dir, tmp_
     assert int(proc.stdout.split()[-1]) == flushed
 
 
-def test_a_checkpoint_older_than_a_model_field_resumes_with_its_default(data_dir, tmp_path):
+def test_a_checkpoint_older_than_a_field_resumes_as_it_was_trained(data_dir, tmp_path):
     out = tmp_path / "run"
-    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4")) == 0
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4", "--log_interval=1",
+                                "--lr_schedule=constant", "--warmup_iters=0")) == 0
     ckpt = checkpoint.load(out / "ckpt.pt")
     for newer in ("parallel", "qk_norm"):
         del ckpt["model_config"][newer]
+    del ckpt["train_config"]["lr_schedule"]             # older runs said decay_lr=false instead
+    ckpt["train_config"].update(decay_lr=False, lr_decay_iters=5)
     checkpoint.save(ckpt, out / "ckpt.pt")
-    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 0
-    assert checkpoint.load(out / "ckpt.pt")["iter"] == 6
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=7"]) == 0
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 7
+    lr = checkpoint.load(out / "ckpt.pt")["train_config"]["learning_rate"]
+    assert [r["lr"] for r in read_metrics(out, "train")] == pytest.approx([lr] * 7)   # no decay at 5
 
 
 def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_path, capsys):
