@@ -68,7 +68,8 @@ class GPTConfig:
                             "(Vaswani 2017), rotary (Su 2021), ALiBi bias (Press 2021), or none",
                             ("learned", "sinusoidal", "rope", "alibi", "none"))
     norm_placement: str = opt("pre", "pre: x + f(norm(x)) plus a final norm; post: norm(x + f(x)) "
-                              "as in the 2017 Transformer", ("pre", "post"))
+                              "as in the 2017 Transformer; sandwich: x + norm(f(norm(x))) plus a "
+                              "final norm (CogView, Gemma 2; Peri-LN)", ("pre", "post", "sandwich"))
     residual: bool = opt(True, "add each sub-layer's input back to its output (x + f(...))")
     norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
                          ("layernorm", "rmsnorm"))
@@ -127,14 +128,16 @@ class GPTConfig:
         fc = H * (2 if self.gated else 1)
         per_width = 2 if self.norm_type == "layernorm" and self.bias else 1
         norm = C * per_width
-        block = C * (C + 2 * kv) + C * C + C * fc + H * C + (1 if self.parallel else 2) * norm
+        sublayers = 1 if self.parallel else 2
+        norms = sublayers * (2 if self.norm_placement == "sandwich" else 1)
+        block = C * (C + 2 * kv) + C * C + C * fc + H * C + norms * norm
         if self.qk_norm:
             block += 2 * self.head_size * per_width
         if self.bias:
             block += (C + 2 * kv) + C + fc + C
         return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)
                 + (self.block_size * C if self.pos_encoding == "learned" else 0)
-                + (norm if self.norm_placement == "pre" else 0))
+                + (norm if self.norm_placement != "post" else 0))
 
 
 @dataclass

@@ -20,16 +20,20 @@ from torch import nn
 from .config import GPTConfig, UserError
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
-# What one sub-layer f (attention or MLP) with its norm computes, by (norm_placement, residual):
-#   pre,  residual:  x + f(norm(x))     GPT-2 and later; the model also applies ln_f before the head
-#   pre,  no res.:   f(norm(x))
-#   post, residual:  norm(x + f(x))     the 2017 Transformer; no ln_f, the output is already normed
-#   post, no res.:   norm(f(x))
+# What one sub-layer f (attention or MLP) with its norms computes, by (norm_placement, residual):
+#   pre,      residual:  x + f(norm(x))        GPT-2 and later; the model also applies ln_f before the head
+#   pre,      no res.:   f(norm(x))
+#   post,     residual:  norm(x + f(x))        the 2017 Transformer; no ln_f, the output is already normed
+#   post,     no res.:   norm(f(x))
+#   sandwich, residual:  x + out(f(norm(x)))   pre-norm plus a norm on the branch's output, so what
+#   sandwich, no res.:   out(f(norm(x)))       each sub-layer adds has a fixed scale; ln_f as in pre
 SUBLAYER = {
-    ("pre", True): lambda x, f, norm: x + f(norm(x)),
-    ("pre", False): lambda x, f, norm: f(norm(x)),
-    ("post", True): lambda x, f, norm: norm(x + f(x)),
-    ("post", False): lambda x, f, norm: norm(f(x)),
+    ("pre", True): lambda x, f, norm, out: x + f(norm(x)),
+    ("pre", False): lambda x, f, norm, out: f(norm(x)),
+    ("post", True): lambda x, f, norm, out: norm(x + f(x)),
+    ("post", False): lambda x, f, norm, out: norm(f(x)),
+    ("sandwich", True): lambda x, f, norm, out: x + out(f(norm(x))),
+    ("sandwich", False): lambda x, f, norm, out: out(f(norm(x))),
 }
 
 
@@ -147,18 +151,25 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
+def output_norm(config: GPTConfig) -> nn.Module | None:
+    """The norm on a sub-layer's output, which only the sandwich placement has."""
+    return make_norm(config) if config.norm_placement == "sandwich" else None
+
+
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
+        self.ln_1_out = output_norm(config)
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
+        self.ln_2_out = output_norm(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
     def forward(self, x, start: int = 0, cache: KVCache | None = None):
-        x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1)
-        return self.sublayer(x, self.mlp, self.ln_2)
+        x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1, self.ln_1_out)
+        return self.sublayer(x, self.mlp, self.ln_2, self.ln_2_out)
 
 
 class ParallelBlock(nn.Module):
@@ -170,10 +181,12 @@ class ParallelBlock(nn.Module):
         self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config, layer)
         self.mlp = MLP(config)
+        self.ln_1_out = output_norm(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
     def forward(self, x, start: int = 0, cache: KVCache | None = None):
-        return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1)
+        return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1,
+                             self.ln_1_out)
 
 
 class GPT(nn.Module):
@@ -187,7 +200,7 @@ class GPT(nn.Module):
         block = ParallelBlock if config.parallel else Block
         parts["h"] = nn.ModuleList(block(config, i) for i in range(config.n_layer))
         # post-norm blocks already end in a norm, so the final one is a no-op there
-        parts["ln_f"] = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
+        parts["ln_f"] = make_norm(config) if config.norm_placement != "post" else nn.Identity()
         self.transformer = nn.ModuleDict(parts)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:

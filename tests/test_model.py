@@ -11,7 +11,8 @@ from gpt.model import GPT, CausalSelfAttention, KVCache
 from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
-GRID = list(itertools.product(POS_ENCODINGS, ("pre", "post"), (True, False), ("layernorm", "rmsnorm")))
+PLACEMENTS = ("pre", "post", "sandwich")
+GRID = list(itertools.product(POS_ENCODINGS, PLACEMENTS, (True, False), ("layernorm", "rmsnorm")))
 GRID_IDS = [f"{pe}-{place}-{'res' if res else 'nores'}-{norm}" for pe, place, res, norm in GRID]
 V, BLOCK = 13, 16
 
@@ -140,7 +141,7 @@ BLOCK_VARIANTS = [dict(parallel=True), dict(qk_norm=True), dict(qk_norm=True, no
                   dict(parallel=True, qk_norm=True, n_kv_head=2)]
 
 
-@pytest.mark.parametrize("place,res", [("pre", True), ("pre", False), ("post", True), ("post", False)])
+@pytest.mark.parametrize("place,res", list(itertools.product(PLACEMENTS, (True, False))))
 @pytest.mark.parametrize("pos", ["learned", "rope", "alibi"])
 @pytest.mark.parametrize("flags", BLOCK_VARIANTS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_block_variants_train_stay_causal_and_cache(flags, pos, place, res):
@@ -153,17 +154,48 @@ def test_block_variants_train_stay_causal_and_cache(flags, pos, place, res):
     check_generate_cache(model)
 
 
+def with_random_norm_gains(block: nn.Module) -> nn.Module:
+    """Norms that differ from each other, so a formula using the wrong one fails."""
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if name.startswith("ln_"):
+                p.uniform_(0.5, 2.0)
+    return block
+
+
 @pytest.mark.parametrize("place,res,expected", [
-    ("pre", True, lambda x, a, m, ln: x + a(ln(x)) + m(ln(x))),
-    ("post", True, lambda x, a, m, ln: ln(x + a(x) + m(x))),
-    ("pre", False, lambda x, a, m, ln: a(ln(x)) + m(ln(x))),
+    ("pre", True, lambda x, b: (h := x + b.attn(b.ln_1(x))) + b.mlp(b.ln_2(h))),
+    ("pre", False, lambda x, b: b.mlp(b.ln_2(b.attn(b.ln_1(x))))),
+    ("post", True, lambda x, b: b.ln_2((h := b.ln_1(x + b.attn(x))) + b.mlp(h))),
+    ("post", False, lambda x, b: b.ln_2(b.mlp(b.ln_1(b.attn(x))))),
+    ("sandwich", True, lambda x, b: (h := x + b.ln_1_out(b.attn(b.ln_1(x)))) + b.ln_2_out(b.mlp(b.ln_2(h)))),
+    ("sandwich", False, lambda x, b: b.ln_2_out(b.mlp(b.ln_2(b.ln_1_out(b.attn(b.ln_1(x))))))),
+])
+def test_sequential_block_places_its_norms_as_configured(place, res, expected):
+    block = with_random_norm_gains(tiny_model(norm_placement=place, residual=res).transformer.h[0])
+    assert (block.ln_1_out is not None) == (place == "sandwich")
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), expected(x, block))
+
+
+@pytest.mark.parametrize("place,res,expected", [
+    ("pre", True, lambda x, b: x + b.attn(b.ln_1(x)) + b.mlp(b.ln_1(x))),
+    ("post", True, lambda x, b: b.ln_1(x + b.attn(x) + b.mlp(x))),
+    ("pre", False, lambda x, b: b.attn(b.ln_1(x)) + b.mlp(b.ln_1(x))),
+    ("sandwich", True, lambda x, b: x + b.ln_1_out(b.attn(b.ln_1(x)) + b.mlp(b.ln_1(x)))),
 ])
 def test_parallel_block_adds_both_branches_of_one_norm(place, res, expected):
-    block = tiny_model(parallel=True, norm_placement=place, residual=res).transformer.h[0]
+    block = with_random_norm_gains(tiny_model(parallel=True, norm_placement=place, residual=res).transformer.h[0])
     assert not hasattr(block, "ln_2")
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
-        torch.testing.assert_close(block(x), expected(x, block.attn, block.mlp, block.ln_1))
+        torch.testing.assert_close(block(x), expected(x, block))
+
+
+def test_sandwich_keeps_the_final_norm_and_post_drops_it():
+    assert isinstance(tiny_model(norm_placement="sandwich").transformer.ln_f, nn.LayerNorm)
+    assert isinstance(tiny_model(norm_placement="post").transformer.ln_f, nn.Identity)
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
@@ -462,7 +494,9 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
                                    dict(tie_weights=False, pos_encoding="rope", n_kv_head=1, mlp_ratio=3),
                                    dict(activation="swiglu"), dict(activation="geglu", bias=False),
                                    dict(parallel=True, qk_norm=True), dict(qk_norm=True, bias=False),
-                                   dict(parallel=True, qk_norm=True, norm_type="rmsnorm", norm_placement="post")])
+                                   dict(parallel=True, qk_norm=True, norm_type="rmsnorm", norm_placement="post"),
+                                   dict(norm_placement="sandwich"),
+                                   dict(norm_placement="sandwich", parallel=True, norm_type="rmsnorm")])
 def test_the_config_counts_the_parameters_of_its_model(flags):
     cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)
     assert cfg.num_params() == GPT(cfg).num_params()
