@@ -285,7 +285,7 @@ def convert(name: str, value, fields: dict = FIELDS):
             number = float(value)
             if math.isfinite(number):
                 return number
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             pass
     elif kind is str:
         return str(value)

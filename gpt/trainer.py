@@ -93,6 +93,8 @@ def resolve_device(name: str) -> str:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device={name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
     if device.type == "cpu" and device.index not in (None, 0):
         raise UserError(f"device={name!r}: the CPU is one device; use --device=cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -178,15 +180,43 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Write, then rename: a stop in the middle leaves the old file or none, never half of one."""
+def write_atomic(path: Path, text: str) -> None:
+    """Write, then rename: a stop or a full disk in the middle leaves the old file or none, never
+    half of one."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: dict) -> None:
+    write_atomic(path, json.dumps(data, indent=1))
+
+
+NONFINITE = ("nan", "inf", "-inf")     # how metrics.jsonl spells them: bare NaN is not JSON
+
+
+def json_line(row: dict) -> str:
+    def safe(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        return [safe(v) for v in value] if isinstance(value, list) else value
+    return json.dumps({key: safe(value) for key, value in row.items()}) + "\n"
+
+
+def _numbers(value):
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return float(value) if isinstance(value, str) and value in NONFINITE else value
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl; a line cut short by a kill is skipped."""
+    """The rows of a metrics.jsonl, non-finite numbers as floats again; a line cut short by a
+    kill is skipped."""
     rows = []
     try:
         text = Path(path).read_text(errors="replace")
@@ -198,7 +228,7 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
         if isinstance(row, dict) and "kind" in row and "iter" in row:
-            rows.append(row)
+            rows.append({key: _numbers(value) for key, value in row.items()})
     return rows
 
 
@@ -227,11 +257,15 @@ class Metrics:
             return row["kind"] == "train" or row.get("event") == "nonfinite"
         keep = [row for row in read_jsonl(self.path)
                 if row["iter"] <= (last_iter - 1 if per_step(row) else last_iter)]
-        self.path.write_text("".join(json.dumps(row) + "\n" for row in keep))
+        try:
+            write_atomic(self.path, "".join(json_line(row) for row in keep))
+        except OSError as e:
+            raise UserError(f"cannot rewrite {self.path} to resume ({e.strerror or e}); "
+                            "it is unchanged") from None
 
     def log(self, row: dict) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json_line(row))
         if self.wandb is not None:
             try:
                 self.wandb.log(flatten(row), step=row["iter"])
@@ -296,10 +330,11 @@ class StopRequest:
 def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     """Typed configs from parsed values. A resume starts from the checkpoint's own configs,
     so `--resume --out_dir=DIR` alone continues a run; given values still apply on top."""
-    train_cfg = build(TrainConfig, values)
+    default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     base_model, base_train = None, None
-    if train_cfg.resume:
-        path = Path(train_cfg.out_dir) / "ckpt.pt"
+    # only the merged config is checked: a value given is valid against the run's own settings
+    if values.get("resume", default["resume"]):
+        path = Path(values.get("out_dir", default["out_dir"])) / "ckpt.pt"
         if not path.exists():
             if (path.parent / "sweep.json").is_file():
                 raise UserError(f"--resume: {path.parent} is a sweep; run the sweep's own command "
@@ -307,8 +342,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
         ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
-        train_cfg = build(TrainConfig, values, base=base_train)
-    return build(GPTConfig, values, base=base_model), train_cfg
+    return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
@@ -416,7 +450,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
         old = [out_dir / name for name in ("metrics.jsonl", "command.txt", "ckpt.pt", "ckpt_best.pt",
                                            "ckpt.pt.tmp", "ckpt_best.pt.tmp", "config.json.tmp",
-                                           "dashboard.png", "attention.png")]
+                                           "metrics.jsonl.tmp", "dashboard.png", "attention.png")]
         old = [p for p in old if p.exists()]
         for path in old:
             path.unlink()
@@ -587,7 +621,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                  f"{' since resuming' if cfg.resume else ''}"] if skipped else []
         if last_saved != it:        # --skip_nonfinite kept going past a non-finite evaluation
             notes.append(f"ckpt.pt holds iteration {last_saved}: the evaluations after it were not finite"
-                         if last_saved is not None else "no evaluation was finite, so nothing was saved")
+                         if last_saved is not None else
+                         "no evaluation after the first was finite, so nothing was saved")
         print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints in {out_dir}"
               + "".join(f"; {note}" for note in notes))
     return summary

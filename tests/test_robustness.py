@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import random
 import re
@@ -180,6 +181,26 @@ def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data
     assert checkpoint.load(out3 / "ckpt.pt")["iter"] == 10
 
 
+def test_a_run_whose_evaluations_all_fail_after_the_first_says_so(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt.model import GPT
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None):
+        logits, loss = real_forward(self, idx, targets)
+        if not self.training:
+            calls["n"] += 1
+            if calls["n"] > 4:          # the 4 batches of the evaluation at iteration 0 are finite
+                loss = loss * float("nan")
+        return logits, loss
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--diagnostics=false",
+                                "--skip_nonfinite=true")) == 0
+    assert "no evaluation after the first was finite, so nothing was saved" in capsys.readouterr().out
+    assert not (out / "ckpt.pt").exists()
+
+
 def test_wandb_failure_warns_once_and_training_goes_on(data_dir, tmp_path, monkeypatch, capsys):
     wandb = pytest.importorskip("wandb")
 
@@ -266,7 +287,20 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"device='cpu:1': the CPU is one device; use --device=cpu"),
     ("resume a truncated checkpoint", "train", lambda d, t, g: [f"--out_dir={_truncate(g)}", "--resume"],
      r"ckpt.pt is not a readable checkpoint \(truncated or corrupt\)\n$"),
+    # a device torch knows but this project does not run on: refused before the old run is cleared
+    ("training on the meta device", "train", lambda d, t, g: tiny_args(d, g, "--device=meta"),
+     r"device='meta' is not supported; use auto, cpu, cuda, cuda:N or mps"),
+    ("sampling on a device torch lacks", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=xpu"],
+     r"device='xpu' is not supported"),
+    ("a float too large for a float", "train", lambda d, t, g: ["--config", _toml(t, f"learning_rate = {10**400}")],
+     r"big.toml: learning_rate=10{400} is not a valid float; give a number"),
 ]
+
+
+def _toml(tmp_path, text):
+    path = tmp_path / "big.toml"
+    path.write_text(text + "\n")
+    return str(path)
 
 
 def _edited(good, drop=None, **model_config):
@@ -530,3 +564,42 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+def test_resume_checks_given_values_against_the_runs_own_settings(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--min_lr=1e-5",
+                                "--lr_decay_iters=100")) == 0
+    # against the defaults (warmup_iters=100, min_lr=1e-4) both would be refused; the run has 2 and 1e-5
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--lr_decay_iters=50",
+                       "--learning_rate=5e-5"]) == 0
+    saved = checkpoint.load(out / "ckpt.pt")["train_config"]
+    assert (saved["lr_decay_iters"], saved["learning_rate"], saved["warmup_iters"]) == (50, 5e-5, 2)
+
+
+def test_a_resume_that_cannot_rewrite_its_log_keeps_it_whole(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    checkpoint.save({**checkpoint.load(out / "ckpt.pt", needs=checkpoint.RESUME_KEYS), "iter": 2},
+                    out / "ckpt.pt")    # the log now runs past the checkpoint, so it must be cut
+    before = (out / "metrics.jsonl").read_text()
+    (out / "metrics.jsonl.tmp").mkdir()         # where the new log would be written: not writable
+    capsys.readouterr()
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot rewrite") and "it is unchanged" in err and err.count("\n") == 1
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_metrics_lines_are_strict_json_and_read_back_as_numbers(tmp_path):
+    from gpt.trainer import Metrics, read_jsonl
+    metrics = Metrics(tmp_path / "metrics.jsonl")
+    metrics.log({"kind": "eval", "iter": 3, "val_loss": float("nan"), "grad": [1.5, float("inf")],
+                 "low": float("-inf")})
+    line = (tmp_path / "metrics.jsonl").read_text()
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    json.loads(line, parse_constant=refuse)     # what jq and JavaScript accept
+    [row] = read_jsonl(tmp_path / "metrics.jsonl")
+    assert math.isnan(row["val_loss"]) and row["grad"] == [1.5, math.inf] and row["low"] == -math.inf
