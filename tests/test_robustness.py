@@ -144,8 +144,9 @@ def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_p
     assert "; 1 non-finite step skipped" in said and "holds iteration" not in said
 
 
-def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch,
-                                                                             capsys):
+def poison_evaluations(monkeypatch, is_bad) -> dict:
+    """Evaluation forward calls, counted from 1, return a nan loss where is_bad(count); the
+    counter is returned so a test can restart it between runs."""
     from gpt.model import GPT
     real_forward = GPT.forward
     calls = {"n": 0}
@@ -154,10 +155,17 @@ def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data
         logits, loss = real_forward(self, idx, targets)
         if not self.training:
             calls["n"] += 1
-            if calls["n"] == 11:        # 4 batches an evaluation: the val part of the one at 20
+            if is_bad(calls["n"]):
                 loss = loss * float("nan")
         return logits, loss
     monkeypatch.setattr(GPT, "forward", poisoned)
+    return calls
+
+
+def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch,
+                                                                             capsys):
+    calls = poison_evaluations(monkeypatch, lambda n: n == 11)  # 4 batches an evaluation: the val
+                                                                # part of the one at 20
     args = ["--max_iters=30", "--eval_interval=10", "--diagnostics=false"]
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, *args)) == 3
@@ -182,18 +190,7 @@ def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data
 
 
 def test_a_run_whose_evaluations_all_fail_after_the_first_says_so(data_dir, tmp_path, monkeypatch, capsys):
-    from gpt.model import GPT
-    real_forward = GPT.forward
-    calls = {"n": 0}
-
-    def poisoned(self, idx, targets=None):
-        logits, loss = real_forward(self, idx, targets)
-        if not self.training:
-            calls["n"] += 1
-            if calls["n"] > 4:          # the 4 batches of the evaluation at iteration 0 are finite
-                loss = loss * float("nan")
-        return logits, loss
-    monkeypatch.setattr(GPT, "forward", poisoned)
+    poison_evaluations(monkeypatch, lambda n: n > 4)    # the 4 batches of the evaluation at 0 are finite
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--diagnostics=false",
                                 "--skip_nonfinite=true")) == 0
