@@ -74,7 +74,8 @@ class GPTConfig:
     norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
                          ("layernorm", "rmsnorm"))
     parallel: bool = opt(False, "attention and MLP read the same normed input and their outputs are "
-                         "summed (GPT-J, PaLM): one norm per block, not one per sub-layer")
+                         "summed (GPT-J, PaLM): one norm per block, not one per sub-layer (sandwich: "
+                         "and one on the sum)")
     qk_norm: bool = opt(False, "normalise each head's queries and keys (norm_type) before their dot "
                         "product, which bounds the attention logits (Dehghani 2023)")
     activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; swiglu and "
@@ -194,7 +195,7 @@ class TrainConfig:
         if self.lr_schedule != "constant" and self.lr_decay_iters <= self.warmup_iters:
             raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
                             f"{self.warmup_iters}; the decay would start with a drop to min_lr "
-                            "(raise lr_decay_iters, or pass --lr_schedule=constant)")
+                            "(raise lr_decay_iters, lower warmup_iters, or pass --lr_schedule=constant)")
         if not 0.0 < self.cooldown_frac <= 1.0:
             raise UserError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
         for name in ("beta1", "beta2"):
@@ -413,6 +414,10 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
         else:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    if config_name and raw.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
+        # the file's values would silently replace the run's own (its warmup, its schedule)
+        raise UserError(f"--resume continues a run with the settings in its checkpoint; drop --config "
+                        f"{config_name} and give only what should change, e.g. --max_iters")
     values.update(raw)
     if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
         unset = [name for name in file_sweep if name not in raw]

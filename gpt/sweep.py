@@ -395,10 +395,13 @@ def diagnostics_table(rows: list[dict]) -> str:
 
 
 def _styles(n: int):
-    """Distinct colour and line style for each of n settings (20 colours, then dashes)."""
+    """A colour and line style for each of n settings: 10 hues, solid, then dashed, dotted and
+    dash-dotted. (tab20 would pair each hue with its light shade, so two settings that share
+    nothing would look like one family.)"""
     import matplotlib
-    colours = matplotlib.colormaps["tab20"].colors
-    return [(colours[i % 20], "-" if i < 20 else "--") for i in range(n)]
+    colours = matplotlib.colormaps["tab10"].colors
+    lines = ("-", "--", ":", "-.")
+    return [(colours[i % 10], lines[i // 10 % 4]) for i in range(n)]
 
 
 def _legend(ax, rows: list[dict]) -> None:

@@ -80,7 +80,8 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (SampleConfig, {"temperature": 1e-39}, r"temperature=1e-39 must be 0 \(greedy\) or at least"),
     (TrainConfig, {"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32\)"),
     (TrainConfig, {"warmup_iters": 0, "lr_decay_iters": 0},
-     r"lr_decay_iters=0 is not after the end of warmup_iters=0.*--lr_schedule=constant"),
+     r"lr_decay_iters=0 is not after the end of warmup_iters=0.*lower warmup_iters, or pass "
+     r"--lr_schedule=constant"),
     (TrainConfig, {"lr_schedule": "cos"}, r"lr_schedule='cos' is not allowed; did you mean cosine\?"),
     (TrainConfig, {"lr_schedule": "wsd", "cooldown_frac": 0.0}, r"cooldown_frac=0.0 must be in \(0, 1\]"),
 ])
@@ -119,6 +120,12 @@ def test_a_replaced_option_names_its_successor(argv, where):
     with pytest.raises(UserError, match=f"{where}; use --lr_schedule=cosine for true, "
                                         "--lr_schedule=constant for false"):
         parse_argv(argv)
+
+
+def test_resume_refuses_a_config_file_whose_values_would_replace_the_runs():
+    with pytest.raises(UserError, match=r"^--resume continues a run with the settings in its checkpoint; "
+                                        r"drop --config shakespeare_char_cpu and give only what should change"):
+        parse_argv(["--config", "shakespeare_char_cpu", "--resume", "--max_iters=80"])
 
 
 def test_a_replaced_option_is_unknown_to_commands_without_it():

@@ -182,6 +182,8 @@ def test_a_baseline_without_results_is_named_as_the_reason():
 def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--resume", "--sweep", "residual=true,false")) == 2
     assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
+    assert train.main(["--config", "sweeps/heads", "--resume"]) == 2     # a sweep's file: the same advice
+    assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
     # a sweep's folder given to --resume alone, as if it were one run
     (tmp_path / "sw").mkdir()
@@ -295,3 +297,10 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     (run / "config.json").write_text('{"model": null}')
     assert train.main([*argv, "--learning_rate=2e-3"]) == 2
     assert "config.json is not a run config of this project" in capsys.readouterr().err
+
+
+def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():
+    styles = sweep._styles(45)
+    assert len(set(styles)) == 40                       # 10 hues x 4 line styles, then round again
+    assert len({colour for colour, _ in styles[:10]}) == 10
+    assert styles[40] == styles[0]
