@@ -123,6 +123,8 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
             old = getattr(before, f.name)
             if f.name == "data_dir":    # older runs recorded it as given, from the repository root
                 old = str((REPO_ROOT / old).resolve())
+            if f.name == "cooldown_frac" and "wsd" not in (before.lr_schedule, cfg.lr_schedule):
+                continue    # only warmup-stable-decay reads it
             if f.name not in NOT_COMPARED and old != getattr(cfg, f.name):
                 changed.append(f"{f.name}={shown(old)} in the run, {shown(getattr(cfg, f.name))} now")
     return changed

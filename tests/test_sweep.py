@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -228,6 +229,13 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
         record["train"]["decay_lr"] = decay_lr
         (run.folder / "config.json").write_text(json.dumps(record))
         assert sweep.changed_settings(run, model_cfg, train_cfg) == changed
+    # cooldown_frac changes nothing but a wsd run
+    record["train"]["decay_lr"] = True
+    (run.folder / "config.json").write_text(json.dumps(record))
+    cooled = dataclasses.replace(train_cfg, cooldown_frac=0.5)
+    assert sweep.changed_settings(run, model_cfg, cooled) == []
+    assert sweep.changed_settings(run, model_cfg, dataclasses.replace(cooled, lr_schedule="wsd")) == [
+        "lr_schedule=cosine in the run, wsd now", "cooldown_frac=0.2 in the run, 0.5 now"]
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
