@@ -83,6 +83,8 @@ class GPTConfig:
                           "about its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
     mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd (2/3 of that when gated)")
     tie_weights: bool = opt(True, "share the token embedding with the output head")
+    scale_embeddings: bool = opt(False, "multiply the token embeddings by sqrt(n_embd) on the way in, "
+                                 "as the 2017 Transformer and Gemma do")
 
     def __post_init__(self):
         _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
@@ -246,7 +248,14 @@ def fields_of(sections) -> dict:
 
 FIELDS = fields_of(SECTIONS)
 # options that were replaced: what an old name given now is told to use instead
-REPLACED = {"decay_lr": "--lr_schedule=cosine for true, --lr_schedule=constant for false"}
+REPLACED = {"decay_lr": ("lr_schedule", {True: "cosine", False: "constant"})}
+
+
+def replacement(name: str, toml: bool = False) -> str:
+    """How to say what the replaced option `name` said, on the command line or in a TOML file."""
+    field, values = REPLACED[name]
+    said = (f'{field} = "{new}"' if toml else f"--{field}={new}" for new in values.values())
+    return ", ".join(f"{s} for {shown(old)}" for s, old in zip(said, values))
 
 
 # ---------------------------------------------------------------- converting values
@@ -297,7 +306,7 @@ def convert(name: str, value, fields: dict = FIELDS):
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
     classes = {cls for cls, _ in fields.values()}
     if name in REPLACED and name not in fields and TrainConfig in classes:
-        return f"--{name} was replaced; use {REPLACED[name]}"
+        return f"--{name} was replaced; use {replacement(name)}"
     extra = ["config"] * (TrainConfig in classes) + ["sweep"] * (SweepConfig in classes)
     close = difflib.get_close_matches(name, list(fields) + extra, n=1)
     hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
@@ -341,7 +350,7 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
 
     def typed(key, value):
         if key in REPLACED:
-            raise UserError(f"{path}: {key} was replaced; use {REPLACED[key].replace('--', '')}")
+            raise UserError(f"{path}: {key} was replaced; use {replacement(key, toml=True)}")
         if key not in FIELDS:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
             raise UserError(f"{path}: {key} is not a setting"
@@ -402,7 +411,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
             if axis in REPLACED:
-                raise UserError(f"--sweep {axis}: {axis} was replaced; use {REPLACED[axis]}")
+                raise UserError(f"--sweep {axis}: {axis} was replaced; use {replacement(axis)}")
             if axis not in fields:
                 close = difflib.get_close_matches(axis, list(fields), n=1)
                 hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
@@ -414,11 +423,13 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
         else:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
-    if config_name and raw.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
-        # the file's values would silently replace the run's own (its warmup, its schedule)
-        raise UserError(f"--resume continues a run with the settings in its checkpoint; drop --config "
-                        f"{config_name} and give only what should change, e.g. --max_iters")
     values.update(raw)
+    if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
+        # the file's values would silently replace the run's own (its warmup, its schedule)
+        folder = values.get("out_dir", TrainConfig.__dataclass_fields__["out_dir"].default)
+        raise UserError(f"--resume continues a run with the settings in its checkpoint, which "
+                        f"{config_name}'s would replace; run train.py --out_dir={shown(folder)} "
+                        "--resume, adding only what should change (e.g. --max_iters)")
     if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
         unset = [name for name in file_sweep if name not in raw]
         if unset:
@@ -445,8 +456,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
 
 def _upgraded(cls, saved: dict) -> dict:
     """A config saved by an older version, in today's fields."""
-    if cls is TrainConfig and "decay_lr" in saved and "lr_schedule" not in saved:
-        return {**saved, "lr_schedule": "cosine" if saved["decay_lr"] else "constant"}
+    for name, (field, values) in REPLACED.items():
+        if name in saved and field not in saved and field in cls.__dataclass_fields__:
+            saved = {**saved, field: values[saved[name]]}
     return saved
 
 

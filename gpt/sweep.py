@@ -433,7 +433,7 @@ def plot(rows: list[dict], path: Path) -> None:
                             color=colour, alpha=0.2)
     unigram = [e["unigram_loss"] for row in rows for e in row["_evals"][-1:] if "unigram_loss" in e]
     if unigram:
-        ax.axhline(unigram[0], color="gray", ls="--", label="unigram level")
+        ax.axhline(unigram[0], color="black", ls=":", label="unigram level")   # no setting's style
     ax.set_xlabel("iteration")
     ax.set_ylabel("val loss")
     ax.set_title("val loss: mean over seeds, band = min..max")

@@ -611,7 +611,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     save("ckpt.pt", it)
                     metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
                     bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
-                              "continue with --resume")
+                              f"continue with --out_dir={shlex.quote(str(out_dir))} --resume")
                 summary["stopped_by"] = signal_name
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,

@@ -122,10 +122,16 @@ def test_a_replaced_option_names_its_successor(argv, where):
         parse_argv(argv)
 
 
-def test_resume_refuses_a_config_file_whose_values_would_replace_the_runs():
-    with pytest.raises(UserError, match=r"^--resume continues a run with the settings in its checkpoint; "
-                                        r"drop --config shakespeare_char_cpu and give only what should change"):
+def test_resume_refuses_a_config_file_whose_values_would_replace_the_runs(tmp_path):
+    # the advice keeps the run folder the file named, which dropping --config alone would lose
+    with pytest.raises(UserError, match=r"^--resume continues a run with the settings in its checkpoint, "
+                                        r"which shakespeare_char_cpu's would replace; run train.py "
+                                        r"--out_dir=out/shakespeare_char_cpu --resume, adding only what"):
         parse_argv(["--config", "shakespeare_char_cpu", "--resume", "--max_iters=80"])
+    path = tmp_path / "resumes.toml"
+    path.write_text('resume = true\nwarmup_iters = 5\n')         # said in the file: refused alike
+    with pytest.raises(UserError, match=r"--out_dir=out --resume"):
+        parse_argv(["--config", str(path)])
 
 
 def test_a_replaced_option_is_unknown_to_commands_without_it():
@@ -140,8 +146,8 @@ def test_a_constant_schedule_may_run_below_min_lr():
 def test_a_replaced_option_in_a_config_file_names_its_successor(tmp_path):
     path = tmp_path / "old.toml"
     path.write_text("decay_lr = false\n")
-    with pytest.raises(UserError, match=r"old.toml: decay_lr was replaced; use lr_schedule=cosine for true, "
-                                        "lr_schedule=constant for false"):
+    with pytest.raises(UserError, match=r'old.toml: decay_lr was replaced; use lr_schedule = "cosine" for '
+                                        r'true, lr_schedule = "constant" for false'):
         parse_argv(["--config", str(path)])
 
 

@@ -138,7 +138,7 @@ def test_attention_equals_torch_multihead_attention():
 # ------------------------------------------------------------------ 3b. block layout, QK-norm
 
 BLOCK_VARIANTS = [dict(parallel=True), dict(qk_norm=True), dict(qk_norm=True, norm_type="rmsnorm"),
-                  dict(parallel=True, qk_norm=True, n_kv_head=2)]
+                  dict(parallel=True, qk_norm=True, n_kv_head=2), dict(scale_embeddings=True)]
 
 
 @pytest.mark.parametrize("place,res", list(itertools.product(PLACEMENTS, (True, False))))
@@ -191,6 +191,19 @@ def test_parallel_block_adds_both_branches_of_one_norm(place, res, expected):
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         torch.testing.assert_close(block(x), expected(x, block))
+
+
+@pytest.mark.parametrize("pos", ["none", "learned"])
+def test_scaled_embeddings_enter_the_first_block_times_sqrt_width(pos):
+    idx = torch.randint(0, V, (2, 5))
+    seen = {}
+    for scale in (False, True):
+        model = tiny_model(pos_encoding=pos, scale_embeddings=scale)
+        model.transformer.h[0].register_forward_pre_hook(lambda m, args, s=scale: seen.update({s: args[0]}))
+        with torch.no_grad():
+            model(idx)
+    emb = model.transformer.wte(idx).detach()      # both models share their weights: same seed
+    torch.testing.assert_close(seen[True] - seen[False], emb * (math.sqrt(16) - 1))
 
 
 def test_sandwich_keeps_the_final_norm_and_post_drops_it():
@@ -482,6 +495,10 @@ def test_sinusoidal_positions_start_at_the_token_embeddings_scale():
                           pos_encoding="sinusoidal"))
     torch.testing.assert_close(model.pos_table, sinusoidal_table(16, 8) * 0.02 * math.sqrt(2))
     assert model.pos_table.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=0.05)
+    # scaled token embeddings: the table keeps their size
+    scaled = GPT(GPTConfig(vocab_size=13, block_size=16, n_layer=1, n_head=2, n_embd=8,
+                           pos_encoding="sinusoidal", scale_embeddings=True))
+    torch.testing.assert_close(scaled.pos_table, model.pos_table * math.sqrt(8))
 
 
 def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_path):

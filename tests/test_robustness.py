@@ -58,6 +58,7 @@ def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     assert proc.returncode == 128 + sig, err      # as a shell reports it: 130 for Ctrl-C, 143
     stopped_at = checkpoint.load(out / "ckpt.pt")["iter"]
     assert 0 < stopped_at < 60 and f"saved {out / 'ckpt.pt'} at iteration {stopped_at}" in stdout
+    assert f"continue with --out_dir={out} --resume" in stdout      # the command that works as given
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert train_lines(out) == train_lines(ref)
     assert same_weights(out, ref)
