@@ -610,8 +610,10 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 if master:
                     save("ckpt.pt", it)
                     metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
-                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
-                              f"continue with --out_dir={shlex.quote(str(out_dir))} --resume")
+                    how = ("the sweep's command, run again, continues it"     # a run of a sweep
+                           if (out_dir.parent / "sweep.json").is_file() else
+                           f"continue with --out_dir={shlex.quote(str(out_dir))} --resume")
+                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; {how}")
                 summary["stopped_by"] = signal_name
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,

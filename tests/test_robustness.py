@@ -502,6 +502,8 @@ def test_a_terminated_sweep_stops_its_runs_and_exits_as_sigterm(data_dir, tmp_pa
     assert proc.returncode == 143, err
     assert err.endswith("sweep interrupted; run the same command again to continue\n")
     assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
+    # the run's own log gives the sweep's advice, not a --resume of its folder
+    assert "the sweep's command, run again, continues it" in (out / "n_layer=1__seed=1337" / "log.txt").read_text()
 
 
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
