@@ -251,9 +251,12 @@ FIELDS = fields_of(SECTIONS)
 REPLACED = {"decay_lr": ("lr_schedule", {True: "cosine", False: "constant"})}
 
 
-def replacement(name: str, toml: bool = False) -> str:
-    """How to say what the replaced option `name` said, on the command line or in a TOML file."""
+def replacement(name: str, toml: bool = False, axis: bool = False) -> str:
+    """How to say what the replaced option `name` said: on the command line, in a TOML file, or
+    as an axis of a TOML file's [sweep] table."""
     field, values = REPLACED[name]
+    if axis:
+        return f"{field} = [...], with " + ", ".join(f'"{new}" for {shown(old)}' for old, new in values.items())
     said = (f'{field} = "{new}"' if toml else f"--{field}={new}" for new in values.values())
     return ", ".join(f"{s} for {shown(old)}" for s, old in zip(said, values))
 
@@ -348,9 +351,10 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     if not isinstance(axes, dict):
         raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
 
-    def typed(key, value):
+    def typed(key, value, axis=False):
         if key in REPLACED:
-            raise UserError(f"{path}: {key} was replaced; use {replacement(key, toml=True)}")
+            raise UserError(f"{path}: {'[sweep] ' * axis}{key} was replaced; use "
+                            f"{replacement(key, toml=True, axis=axis)}")
         if key not in FIELDS:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
             raise UserError(f"{path}: {key} is not a setting"
@@ -368,7 +372,7 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
             listed = value if isinstance(value, list) else [value]
             if not listed:
                 raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
-            sweep[key] = [typed(key, v) for v in listed]
+            sweep[key] = [typed(key, v, axis=True) for v in listed]
     return values, sweep
 
 

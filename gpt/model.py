@@ -209,8 +209,8 @@ class GPT(nn.Module):
         if config.pos_encoding == "sinusoidal":
             # The paper's table has RMS 1/sqrt(2) against token embeddings scaled up to match it;
             # here the token embeddings start at std 0.02 (GPT-2), times sqrt(n_embd) with
-            # scale_embeddings, so the table is scaled to that same size, as a learned table would
-            # start. Unscaled, it drowns the tokens.
+            # scale_embeddings, so the table is scaled to the tokens' starting size. Unscaled, it
+            # drowns the tokens. (A learned table starts at 0.02 either way.)
             size = 0.02 * (math.sqrt(config.n_embd) if config.scale_embeddings else 1.0)
             table = sinusoidal_table(config.block_size, config.n_embd) * (size * math.sqrt(2))
             self.register_buffer("pos_table", table, persistent=False)

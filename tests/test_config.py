@@ -149,6 +149,10 @@ def test_a_replaced_option_in_a_config_file_names_its_successor(tmp_path):
     with pytest.raises(UserError, match=r'old.toml: decay_lr was replaced; use lr_schedule = "cosine" for '
                                         r'true, lr_schedule = "constant" for false'):
         parse_argv(["--config", str(path)])
+    path.write_text("[sweep]\ndecay_lr = [true, false]\n")     # an axis is told an axis's spelling
+    with pytest.raises(UserError, match=re.escape('old.toml: [sweep] decay_lr was replaced; use lr_schedule = '
+                                                  '[...], with "cosine" for true, "constant" for false')):
+        parse_argv(["--config", str(path)])
 
 
 def test_help_lists_every_field_with_default_and_meaning():
