@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(argv: list[str]) -> int:
     from gpt import sweep, trainer
-    sweeping = False
+    sweeping, args = False, None
     try:
         args = parse_argv(argv)
         sweeping = bool(args.sweep) or build(SweepConfig, args.values).seeds > 1   # built to check
@@ -37,7 +37,7 @@ def run(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return trainer.DIVERGED_EXIT
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
         print("sweep interrupted; run the same command again to continue" if sweeping else

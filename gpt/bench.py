@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text("-m gpt.bench", sections))
         return 0
+    args = None
     try:
         if any(a == "--max_iters" or a.startswith("--max_iters=") for a in argv):
             raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         bench = build(BenchConfig, args.values)
         result = run(build(GPTConfig, args.values), build(TrainConfig, args.values), bench)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
     print(json.dumps(result) if bench.json else format_table(result))
     return 0

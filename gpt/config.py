@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import tomllib
 import types
 import typing
@@ -383,6 +384,15 @@ class Args:
     """A parsed command line: the config file's values, then the overrides on top."""
     values: dict                      # field name -> typed value, file first, then overrides
     sweep: dict[str, list]            # axis name -> values to try
+    config_name: str | None = None    # --config: where the values not given on the command line came from
+    from_file: tuple[str, ...] = ()   # those values' names
+
+    def blame(self, message: str) -> str:
+        """A validation message that names values (name=value), with the file that set them: a
+        value checked against others is wrong where it was written, not where it is checked."""
+        named = [n for n in dict.fromkeys(re.findall(r"\b([a-z][a-z0-9_]*)=", message))
+                 if n in self.from_file]
+        return f"{message} ({', '.join(named)} set by --config {self.config_name})" if named else message
 
 
 def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
@@ -427,6 +437,8 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
         else:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    source = dict(config_name=config_name,
+                  from_file=(*(n for n in values if n not in raw), *(n for n in file_sweep if n not in sweep)))
     values.update(raw)
     if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
         # the file's values would silently replace the run's own (its warmup, its schedule)
@@ -440,7 +452,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
             raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
                             f"setting: pick one value for each, e.g. {picks}")
-        return Args(values=values, sweep={})
+        return Args(values=values, sweep={}, **source)
     for name, listed in {**file_sweep, **sweep}.items():
         where = "--sweep" if name in sweep else config_name
         if name in RESERVED_AXES:
@@ -455,7 +467,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             fix = ("give one or the other" if name in sweep else
                    f"to run only some values, give them as --sweep {name}={shown(raw[name])}")
             raise UserError(f"--{name}={shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
-    return Args(values=values, sweep={**file_sweep, **sweep})
+    return Args(values=values, sweep={**file_sweep, **sweep}, **source)
 
 
 def _upgraded(cls, saved: dict) -> dict:

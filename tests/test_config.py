@@ -134,6 +134,14 @@ def test_resume_refuses_a_config_file_whose_values_would_replace_the_runs(tmp_pa
         parse_argv(["--config", str(path)])
 
 
+def test_a_validation_message_names_the_config_file_only_for_values_it_set():
+    args = parse_argv(["--config", "sweeps/heads", "--n_layer=3"])
+    assert args.blame("n_embd=64 is not divisible by n_head=3") == (
+        "n_embd=64 is not divisible by n_head=3 (n_embd, n_head set by --config sweeps/heads)")
+    assert args.blame("n_layer=3 is too deep") == "n_layer=3 is too deep"     # given on the command line
+    assert parse_argv(["--n_head=3"]).blame("n_head=3 is odd") == "n_head=3 is odd"
+
+
 def test_a_replaced_option_is_unknown_to_commands_without_it():
     with pytest.raises(UserError, match=r"^unknown option --decay_lr; see --help for the list$"):
         parse_argv(["--decay_lr=false"], (SampleConfig,))

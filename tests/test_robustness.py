@@ -290,6 +290,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"device='meta' is not supported; use auto, cpu, cuda, cuda:N or mps"),
     ("sampling on a device torch lacks", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=xpu"],
      r"device='xpu' is not supported"),
+    ("a value from a config file", "train", lambda d, t, g: ["--config", _toml(t, "n_embd = 16\nn_head = 5")],
+     r"^error: n_embd=16 is not divisible by n_head=5; .* \(n_embd, n_head set by --config .*big.toml\)\n$"),
     ("a float too large for a float", "train", lambda d, t, g: ["--config", _toml(t, f"learning_rate = {10**400}")],
      r"big.toml: learning_rate=10{400} is not a valid float; give a number"),
 ]
