@@ -84,8 +84,8 @@ class GPTConfig:
                           "about its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
     mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd (2/3 of that when gated)")
     tie_weights: bool = opt(True, "share the token embedding with the output head")
-    scale_embeddings: bool = opt(False, "multiply the token embeddings by sqrt(n_embd) on the way in, "
-                                 "as the 2017 Transformer and Gemma do")
+    scale_embeddings: bool = opt(False, "multiply the embeddings (tokens plus positions) by sqrt(n_embd) "
+                                 "on the way in, as the 2017 Transformer and Gemma do for tokens")
 
     def __post_init__(self):
         _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")

@@ -208,11 +208,9 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         if config.pos_encoding == "sinusoidal":
             # The paper's table has RMS 1/sqrt(2) against token embeddings scaled up to match it;
-            # here the token embeddings start at std 0.02 (GPT-2), times sqrt(n_embd) with
-            # scale_embeddings, so the table is scaled to the tokens' starting size. Unscaled, it
-            # drowns the tokens. (A learned table starts at 0.02 either way.)
-            size = 0.02 * (math.sqrt(config.n_embd) if config.scale_embeddings else 1.0)
-            table = sinusoidal_table(config.block_size, config.n_embd) * (size * math.sqrt(2))
+            # here the token embeddings start at std 0.02 (GPT-2), so the table is scaled to that
+            # same size, as a learned table would start. Unscaled, it drowns the tokens.
+            table = sinusoidal_table(config.block_size, config.n_embd) * (0.02 * math.sqrt(2))
             self.register_buffer("pos_table", table, persistent=False)
         self._init_weights()
 
@@ -247,12 +245,12 @@ class GPT(nn.Module):
             raise UserError(f"sequence of {start + T} tokens is longer than block_size="
                             f"{self.config.block_size}; crop it to the last {self.config.block_size}")
         x = self.transformer.wte(idx)                                       # (B, T, C)
-        if self.config.scale_embeddings:
-            x = x * math.sqrt(self.config.n_embd)
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
         elif self.config.pos_encoding == "sinusoidal":
             x = x + self.pos_table[start:start + T]
+        if self.config.scale_embeddings:    # tokens and positions alike: they keep their balance
+            x = x * math.sqrt(self.config.n_embd)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, start, cache)
