@@ -51,7 +51,7 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         raise UserError(f"{path.parent} is a file, not a run folder; give the out_dir a run was "
                         "trained into")
     if not path.is_file():
-        runs = sorted(path.parent.rglob(path.name)) if (path.parent / "sweep.json").is_file() else []
+        runs = sorted(path.parent.rglob(path.name)) if is_sweep(path.parent) else []
         if runs:
             raise UserError(f"{path.parent} is a sweep; give one of its runs, e.g. {runs[0].parent}")
         raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
@@ -81,6 +81,11 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         raise UserError(f"{path} lacks {', '.join(missing)}: it was written by another version of "
                         "this project")
     return ckpt
+
+
+def is_sweep(folder: Path) -> bool:
+    """Whether folder holds a sweep (its runs in subfolders) rather than one run."""
+    return (Path(folder) / "sweep.json").is_file()
 
 
 def model_config(ckpt: dict) -> GPTConfig:

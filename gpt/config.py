@@ -442,7 +442,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     values.update(raw)
     if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
         # the file's values would silently replace the run's own (its warmup, its schedule)
-        folder = values.get("out_dir", TrainConfig.__dataclass_fields__["out_dir"].default)
+        folder = values.get("out_dir", TrainConfig.out_dir)
         raise UserError(f"--resume continues a run with the settings in its checkpoint, which "
                         f"{config_name}'s would replace; run train.py --out_dir={shown(folder)} "
                         "--resume, adding only what should change (e.g. --max_iters)")

@@ -330,13 +330,12 @@ class StopRequest:
 def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     """Typed configs from parsed values. A resume starts from the checkpoint's own configs,
     so `--resume --out_dir=DIR` alone continues a run; given values still apply on top."""
-    default = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     base_model, base_train = None, None
     # only the merged config is checked: a value given is valid against the run's own settings
-    if values.get("resume", default["resume"]):
-        path = Path(values.get("out_dir", default["out_dir"])) / "ckpt.pt"
+    if values.get("resume", TrainConfig.resume):
+        path = Path(values.get("out_dir", TrainConfig.out_dir)) / "ckpt.pt"
         if not path.exists():
-            if (path.parent / "sweep.json").is_file():
+            if checkpoint.is_sweep(path.parent):
                 raise UserError(f"--resume: {path.parent} is a sweep; run the sweep's own command "
                                 "again, without --resume, to continue its runs")
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
@@ -611,7 +610,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                     save("ckpt.pt", it)
                     metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
                     how = ("the sweep's command, run again, continues it"     # a run of a sweep
-                           if (out_dir.parent / "sweep.json").is_file() else
+                           if checkpoint.is_sweep(out_dir.parent) else
                            f"continue with --out_dir={shlex.quote(str(out_dir))} --resume")
                     bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; {how}")
                 summary["stopped_by"] = signal_name
