@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import re
 import resource
 import statistics
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
-from .console import output_may_close
+from .console import output_may_close, to_json
 from .model import GPT
 from .data import load_meta
 from .diagnostics import measure
@@ -188,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
-    print(json.dumps(result) if bench.json else format_table(result))
+    print(to_json(result) if bench.json else format_table(result))
     return 0
 
 

@@ -472,9 +472,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
 
 def _upgraded(cls, saved: dict) -> dict:
     """A config saved by an older version, in today's fields."""
-    for name, (field, values) in REPLACED.items():
-        if name in saved and field not in saved and field in cls.__dataclass_fields__:
-            saved = {**saved, field: values[saved[name]]}
+    for name, (new, values) in REPLACED.items():
+        if name in saved and new not in saved and new in cls.__dataclass_fields__:
+            saved = {**saved, new: values[saved[name]]}
     return saved
 
 

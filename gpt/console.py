@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import math
 import os
 import sys
 
@@ -91,3 +93,18 @@ def output_may_close(product: bool = False, stdout: bool = True):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 print(f"error: the output could not be written ({reason})", file=sys.stderr)
             raise SystemExit(1)
+
+
+NONFINITE = ("nan", "inf", "-inf")     # how our JSON spells them: bare NaN is not JSON
+
+
+def to_json(data, **kwargs) -> str:
+    """Strict JSON, which jq and JavaScript accept: non-finite numbers become the strings
+    "nan", "inf" and "-inf"."""
+    def safe(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)
+        if isinstance(value, dict):
+            return {key: safe(v) for key, v in value.items()}
+        return [safe(v) for v in value] if isinstance(value, (list, tuple)) else value
+    return json.dumps(safe(data), allow_nan=False, **kwargs)

@@ -14,7 +14,6 @@ freshly initialised models of growing depth, with residuals on and off, pre- and
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from .config import GPTConfig, UserError
-from .console import output_may_close
+from .console import output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
 
@@ -181,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         parser.error(str(e))
     if args.json:
-        print(json.dumps(rows))
+        print(to_json(rows))
         return 0
     print(f"{'depth':>5}  {'residual':>8}  {'norm':>4}  {'grad norm at block 0':>20}")
     for r in rows:

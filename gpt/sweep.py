@@ -186,7 +186,7 @@ def run(args, argv: list[str]) -> int:
         if end:
             continue
         if _finished_by_checkpoint(r, cfg.max_iters):
-            write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": math.nan})
+            write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": None})
         else:
             todo.append(r)
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "

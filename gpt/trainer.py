@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from . import checkpoint
 from .config import GPTConfig, TrainConfig, UserError, build, shown
+from .console import NONFINITE, to_json
 from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
@@ -194,18 +195,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=1))
-
-
-NONFINITE = ("nan", "inf", "-inf")     # how metrics.jsonl spells them: bare NaN is not JSON
+    write_atomic(path, to_json(data, indent=1))
 
 
 def json_line(row: dict) -> str:
-    def safe(value):
-        if isinstance(value, float) and not math.isfinite(value):
-            return str(value)
-        return [safe(v) for v in value] if isinstance(value, list) else value
-    return json.dumps({key: safe(value) for key, value in row.items()}) + "\n"
+    return to_json(row) + "\n"
 
 
 def _numbers(value):

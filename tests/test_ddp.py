@@ -2,7 +2,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 

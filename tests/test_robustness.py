@@ -605,3 +605,14 @@ def test_metrics_lines_are_strict_json_and_read_back_as_numbers(tmp_path):
     json.loads(line, parse_constant=refuse)     # what jq and JavaScript accept
     [row] = read_jsonl(tmp_path / "metrics.jsonl")
     assert math.isnan(row["val_loss"]) and row["grad"] == [1.5, math.inf] and row["low"] == -math.inf
+
+
+def test_every_json_we_write_is_strict():
+    """result.json, config.json, gpt.bench --json and the gradient-depth table share one encoder."""
+    from gpt.console import to_json
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    data = {"mfu": float("nan"), "rows": [{"grad_norm": float("inf")}, (1.0, float("-inf"))], "ok": 2.5}
+    assert json.loads(to_json(data), parse_constant=refuse) == {
+        "mfu": "nan", "rows": [{"grad_norm": "inf"}, [1.0, "-inf"]], "ok": 2.5}

@@ -9,7 +9,7 @@ import pytest
 import train
 from conftest import tiny_args
 from gpt import sweep
-from gpt.config import REPO_ROOT, GPTConfig, TrainConfig, UserError
+from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
 
 
 def test_grid_expansion_and_run_names(tmp_path):
@@ -141,6 +141,8 @@ def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, ca
         (out / name / "result.json").unlink()
     assert train.main(argv) == 0
     assert "2 runs (2 already finished)" in capsys.readouterr().out
+    result = (out / "max_iters=2__seed=1337" / "result.json").read_text()
+    assert json.loads(result) == {"status": "finished", "returncode": 0, "wall_s": None}  # not timed
 
 
 def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path, capsys):
