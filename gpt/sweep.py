@@ -218,8 +218,9 @@ def run(args, argv: list[str]) -> int:
         for proc in running:
             proc.terminate()          # each run saves a checkpoint; the next start resumes it
         for proc, entry in running.items():
-            if proc.wait() == 0:      # it had finished just before the stop
-                _record(entry, 0, done, len(runs))
+            code = proc.wait()
+            if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
+                _record(entry, code, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
         return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
     finally:

@@ -10,6 +10,7 @@ import train
 from conftest import tiny_args
 from gpt import sweep
 from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
+from gpt.trainer import DIVERGED_EXIT
 
 
 def test_grid_expansion_and_run_names(tmp_path):
@@ -314,3 +315,30 @@ def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():
     assert len(set(styles)) == 40                       # 10 hues x 4 line styles, then round again
     assert len({colour for colour, _ in styles[:10]}) == 10
     assert styles[40] == styles[0]
+
+
+@pytest.mark.parametrize("code, status", [(0, "finished"), (DIVERGED_EXIT, "diverged")])
+def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, data_dir, tmp_path, monkeypatch):
+    class Ended:        # a run whose end the sweep had not yet seen when Ctrl-C came
+        returncode = code
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def poll(self):
+            return None
+
+        def terminate(self):
+            pass
+
+        def wait(self):
+            return code
+
+    def ctrl_c(seconds):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sweep.subprocess, "Popen", Ended)
+    monkeypatch.setattr(sweep.time, "sleep", ctrl_c)
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1")) == 130
+    result = json.loads((out / "n_layer=1__seed=1337" / "result.json").read_text())
+    assert (result["status"], result["returncode"]) == (status, code)
