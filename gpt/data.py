@@ -1,12 +1,13 @@
 """Datasets on disk and batches in memory.
 
 A prepared dataset is a folder with train.bin and val.bin (uint16 token ids) and meta.json,
-which says how to turn text into ids: {"tokenizer": "char", "chars": [...]} or
-{"tokenizer": "tiktoken", "encoding": "gpt2"}. No pickle anywhere.
+which says how to turn text into ids: {"tokenizer": "char", "vocab_size": N, "chars": [...]}
+or {"tokenizer": "tiktoken", "vocab_size": N, "encoding": "gpt2"}, in UTF-8. No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.request
@@ -96,7 +97,7 @@ def read_text(input_path: Path, download_url: str | None = None) -> str:
             tmp = input_path.with_suffix(f".part{os.getpid()}")
             tmp.write_bytes(data)
             os.replace(tmp, input_path)
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
             raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                             f"from {download_url} at {input_path} and run again") from None
     try:
@@ -153,7 +154,7 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
             ids.tofile(tmp)
             sizes[split] = len(ids)
         meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
-        tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1))
+        tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
             os.replace(tmp, path)
     except BaseException as e:  # a full disk, a character the tokenizer refuses, Ctrl-C
@@ -190,16 +191,29 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
 def load_meta(folder: Path) -> dict:
     path = folder / "meta.json"
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:      # ValueError: not JSON, or not UTF-8
         raise UserError(f"cannot read {path}: {e}") from None
-    size = meta.get("vocab_size") if isinstance(meta, dict) else None
-    kind = meta.get("tokenizer") if isinstance(meta, dict) else None
-    if not (isinstance(size, int) and size > 0) or kind not in ("char", "tiktoken") or \
-            (kind == "char" and not (isinstance(meta.get("chars"), list) and len(meta["chars"]) == size)):
+    if not valid_meta(meta):
         raise UserError(f"{path} is not a valid dataset description (needs tokenizer, vocab_size and, "
-                        "for 'char', chars); prepare the dataset again")
+                        "for 'char', its distinct characters, for 'tiktoken', the encoding's name); "
+                        "prepare the dataset again")
     return meta
+
+
+def valid_meta(meta) -> bool:
+    """Whether meta describes a tokenizer fully: checked where it is read, so that sampling never
+    finds out, after training, that the vocabulary cannot decode."""
+    if not isinstance(meta, dict):
+        return False
+    size, kind = meta.get("vocab_size"), meta.get("tokenizer")
+    if not (isinstance(size, int) and size > 0):
+        return False
+    if kind == "char":
+        chars = meta.get("chars")
+        return (isinstance(chars, list) and len(chars) == size and len(set(chars)) == size
+                and all(isinstance(c, str) and len(c) == 1 for c in chars))
+    return kind == "tiktoken" and isinstance(meta.get("encoding"), str)
 
 
 # ---------------------------------------------------------------- batches
@@ -274,10 +288,14 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=f"Prepare {dataset}: text -> train.bin, val.bin, meta.json")
     parser.add_argument("--input", help="text file to prepare (default: Tiny Shakespeare, "
                                         "downloaded to OUT_DIR/input.txt when missing)")
-    parser.add_argument("--out_dir", default=str(default_dir), help="where the files go")
+    parser.add_argument("--out_dir", help=f"where the files go (default: {default_dir}, for "
+                                           "Tiny Shakespeare only)")
     args = parser.parse_args(argv)
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.out_dir or default_dir)
     try:
+        if args.input and args.out_dir is None:     # it would pass for the shipped dataset from then on
+            raise UserError(f"--input needs --out_dir: {default_dir} holds the shipped {dataset} "
+                            "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
         if args.input:
             text = read_text(Path(args.input))
         else:

@@ -1,12 +1,16 @@
+import http.client
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import make_text
-from gpt.config import UserError
+from gpt.config import REPO_ROOT, UserError
 from gpt.data import Batches, CharTokenizer, ensure_prepared, prepare, tokenizer_from_meta
 
 
@@ -38,6 +42,47 @@ def test_prepare_script_on_a_users_file(tmp_path):
     assert prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")]) == 0
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["chars"] == sorted(set("hello world\n"))
+
+
+def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monkeypatch):
+    from gpt import data
+    monkeypatch.setattr(data, "__file__", str(tmp_path / "gpt" / "data.py"))    # the shipped folder
+    shipped = tmp_path / "data" / "shakespeare_char"
+    shipped.mkdir(parents=True)
+    (shipped / "input.txt").write_text("to be or not to be\n" * 20)
+    assert data.prepare_main("shakespeare_char", []) == 0
+    before = {p.name: p.read_bytes() for p in shipped.iterdir()}
+    src = tmp_path / "mine.txt"
+    src.write_text("hello world\n" * 50)
+    assert data.prepare_main("shakespeare_char", ["--input", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --input needs --out_dir: ") and err.count("\n") == 1
+    assert before == {p.name: p.read_bytes() for p in shipped.iterdir()}
+
+
+def test_meta_json_is_utf8_whatever_the_locale(tmp_path):
+    """A vocabulary of non-ASCII characters survives a machine whose locale is not UTF-8."""
+    code = ("import sys; from pathlib import Path; from gpt.data import prepare, load_meta; "
+            "text = 'h\\u00e9llo \\u2014 \\u2603 '; out = Path(sys.argv[1]); prepare(text * 50, out); "
+            "assert load_meta(out)['chars'] == sorted(set(text)); print('ok')")     # ASCII: the C locale's argv
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    proc = subprocess.run([sys.executable, "-X", "utf8=0", "-c", code, str(tmp_path)], env=env,
+                          capture_output=True, text=True, cwd=REPO_ROOT, encoding="utf-8")
+    assert proc.stdout == "ok\n", proc.stderr
+    assert json.loads((tmp_path / "meta.json").read_bytes().decode("utf-8"))["chars"][-1] == "☃"
+
+
+@pytest.mark.parametrize("meta", [
+    {"tokenizer": "tiktoken", "vocab_size": 50257},                                   # no encoding
+    {"tokenizer": "char", "vocab_size": 2, "chars": ["a", "a"]},                      # not distinct
+    {"tokenizer": "char", "vocab_size": 2, "chars": ["a", "bc"]},                     # not one character
+    {"tokenizer": "char", "chars": ["a", "b"]},                                       # no vocab_size
+])
+def test_an_incomplete_meta_json_is_refused_where_it_is_read(meta, tmp_path):
+    from gpt.data import load_meta
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"meta.json is not a valid dataset description"):
+        load_meta(tmp_path)
 
 
 @pytest.mark.parametrize("case, message", [
@@ -85,11 +130,12 @@ def test_missing_dataset_says_what_to_do(tmp_path):
         ensure_prepared(str(tmp_path), "mine")
 
 
-def test_download_failure_says_where_to_put_the_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", [OSError("no network"), http.client.IncompleteRead(b"First Citizen")])
+def test_download_failure_says_where_to_put_the_file(failure, tmp_path, monkeypatch):
     import urllib.request
 
     def offline(*a, **k):
-        raise OSError("no network")
+        raise failure
     monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(UserError, match=r"put the file from https://\S+ at .*shakespeare_char/input.txt"):
         ensure_prepared(str(tmp_path), "shakespeare_char")
