@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, UserError, build
+from .config import GPTConfig, TrainConfig, UserError, build, saved_problem
 from .model import GPT
 
 FORMAT = "gpt-checkpoint-1"
@@ -80,7 +80,27 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: it was written by another version of "
                         "this project")
+    problem = _problem(ckpt, needs)
+    if problem:
+        raise UserError(f"{path} cannot be used: {problem}")
     return ckpt
+
+
+def _problem(ckpt: dict, needs) -> str | None:
+    """What is wrong with the parts of a loaded checkpoint that the caller needs, if anything:
+    found here, a damaged or foreign file is named, not blamed on the command's own options."""
+    from .data import valid_meta
+    weights = ckpt.get("model")
+    if "model" in needs and not (isinstance(weights, dict) and
+                                 all(isinstance(v, torch.Tensor) for v in weights.values())):
+        return "its weights are not a table of tensors"
+    for key, cls in (("model_config", GPTConfig), ("train_config", TrainConfig)):
+        problem = saved_problem(cls, ckpt[key], strict_names=cls is GPTConfig) if key in needs else None
+        if problem:
+            return f"its {key} has {problem}" if problem.startswith("options") else f"its {key}: {problem}"
+    if "meta" in needs and not valid_meta(ckpt["meta"]):
+        return "its vocabulary (meta) is incomplete or malformed"
+    return None
 
 
 def is_sweep(folder: Path) -> bool:

@@ -270,6 +270,9 @@ def _field_type(cls, f) -> type:
     return args[0] if isinstance(hint, types.UnionType) else hint
 
 
+SPELLED = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+
+
 def convert(name: str, value, fields: dict = FIELDS):
     """Turn a command-line string or a TOML value into the type of field `name`."""
     if name not in fields:
@@ -303,8 +306,7 @@ def convert(name: str, value, fields: dict = FIELDS):
             pass
     elif kind is str:
         return str(value)
-    spelled = {bool: "true or false", int: "a whole number", float: "a number"}.get(kind, kind.__name__)
-    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {spelled}")
+    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
 
 
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
@@ -476,6 +478,30 @@ def _upgraded(cls, saved: dict) -> dict:
         if name in saved and new not in saved and new in cls.__dataclass_fields__:
             saved = {**saved, new: values[saved[name]]}
     return saved
+
+
+def saved_problem(cls, saved, strict_names: bool) -> str | None:
+    """Why a config read back from a checkpoint cannot be used, or None. Its values must have
+    their fields' own types (a string "4" for n_head means the file was altered) and be valid
+    together. strict_names: a name this version does not know is refused, for a model config,
+    where a newer version's option would change the model; training options may have retired."""
+    if not isinstance(saved, dict):
+        return "not a table of values"
+    saved = _upgraded(cls, saved)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in saved if k not in fields and k not in REPLACED)
+    if strict_names and unknown:
+        return f"options this version does not know ({', '.join(map(str, unknown))}); update the project"
+    known = {k: v for k, v in saved.items() if k in fields}
+    for name, value in known.items():
+        kind = _field_type(cls, fields[name])
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
+            return f"{name}={value!r} is not {SPELLED.get(kind, kind.__name__)}"
+    try:
+        cls(**known)
+    except UserError as e:
+        return str(e)
+    return None
 
 
 def build(cls, values: dict, base: dict | None = None):

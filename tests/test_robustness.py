@@ -281,6 +281,22 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"lacks last_eval_iter: it was written by another version"),
     ("weights unlike their config", "sample", lambda d, t, g: [f"--out_dir={_edited(g, n_embd=32)}"],
      r"the checkpoint's weights do not fit its own model config"),
+    ("a model option of the wrong type", "sample", lambda d, t, g: [f"--out_dir={_edited(g, n_head='4')}"],
+     r"edited/ckpt.pt cannot be used: its model_config: n_head='4' is not a whole number\n$"),
+    ("a model option of a newer version", "sample",
+     lambda d, t, g: [f"--out_dir={_edited(g, attention_sinks=4)}"],
+     r"cannot be used: its model_config has options this version does not know \(attention_sinks\); "
+     r"update the project\n$"),
+    ("a model option out of range", "sample", lambda d, t, g: [f"--out_dir={_edited(g, pos_encoding='xyz')}"],
+     r"edited/ckpt.pt cannot be used: its model_config: pos_encoding='xyz' is not allowed"),
+    ("a vocabulary cut short", "sample",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'meta': {'tokenizer': 'char', 'vocab_size': 37}})}"],
+     r"cannot be used: its vocabulary \(meta\) is incomplete or malformed\n$"),
+    ("weights that are not tensors", "sample", lambda d, t, g: [f"--out_dir={_edited(g, parts={'model': [1, 2]})}"],
+     r"cannot be used: its weights are not a table of tensors\n$"),
+    ("resume with a damaged training config", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': 'fast'})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its train_config: not a table of values\n$"),
     ("a CPU with an index", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=cpu:1"],
      r"device='cpu:1': the CPU is one device; use --device=cpu"),
     ("resume a truncated checkpoint", "train", lambda d, t, g: [f"--out_dir={_truncate(g)}", "--resume"],
@@ -303,11 +319,13 @@ def _toml(tmp_path, text):
     return str(path)
 
 
-def _edited(good, drop=None, **model_config):
-    """A copy of good's checkpoint without the key `drop`, or with other model_config values."""
+def _edited(good, drop=None, parts=None, **model_config):
+    """A copy of good's checkpoint without the key `drop`, with other model_config values, or
+    with other top-level parts."""
     ckpt = checkpoint.load(good / "ckpt.pt")
     ckpt.pop(drop, None)
     ckpt["model_config"].update(model_config)
+    ckpt.update(parts or {})
     folder = good.parent / "edited"
     folder.mkdir()
     checkpoint.save(ckpt, folder / "ckpt.pt")
