@@ -334,13 +334,9 @@ class GPT(nn.Module):
             except Exception as e:      # the hub's errors have no common base worth naming
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first}") from None
-        hf = json.loads((folder / "config.json").read_text())
-        activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
-                      "relu": "relu"}[hf.get("activation_function", "gelu_new")]
-        config = GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
-                           n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"],
-                           bias=True, activation=activation,
-                           tie_weights=hf.get("tie_word_embeddings", True))
+        config = gpt2_config(folder / "config.json")
+        if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+            raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin to load")
         if (folder / "model.safetensors").exists():
             try:
                 from safetensors.torch import load_file
@@ -362,6 +358,38 @@ class GPT(nn.Module):
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
         model.load_state_dict(state)
         return model
+
+
+HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+# GPT-2 options this model has no counterpart for, at the values it matches
+HF_FIXED = {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
+
+
+def gpt2_config(path: Path) -> GPTConfig:
+    """Our config for a Hugging Face GPT-2 config.json; any option we cannot honour is refused,
+    since loading the weights anyway would give other logits."""
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path} ({e}); give a Hugging Face GPT-2 folder") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
+        kind = hf.get("model_type") if isinstance(hf, dict) else None
+        raise UserError(f"{path} describes a {kind!r} model, not 'gpt2'; only GPT-2 loads here")
+    activation = hf.get("activation_function", "gelu_new")
+    unsupported = [f"{k}={hf[k]!r}" for k, v in HF_FIXED.items() if hf.get(k, v) != v]
+    if activation not in HF_ACTIVATIONS:
+        unsupported.append(f"activation_function={activation!r}")
+    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 0)):
+        unsupported.append(f"n_inner={hf['n_inner']!r}")
+    if unsupported:
+        raise UserError(f"{path}: {', '.join(unsupported)} has no counterpart here; this model "
+                        f"would give other logits")
+    try:
+        return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
+                         n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
+                         activation=HF_ACTIVATIONS[activation], tie_weights=hf.get("tie_word_embeddings", True))
+    except KeyError as e:
+        raise UserError(f"{path} lacks {e.args[0]}") from None
 
 
 def pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,

@@ -1,4 +1,5 @@
 import itertools
+import json
 import math
 
 import pytest
@@ -496,6 +497,30 @@ def test_sinusoidal_positions_start_at_the_token_embeddings_scale():
                           pos_encoding="sinusoidal"))
     torch.testing.assert_close(model.pos_table, sinusoidal_table(16, 8) * 0.02 * math.sqrt(2))
     assert model.pos_table.pow(2).mean().sqrt().item() == pytest.approx(0.02, rel=0.05)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(layer_norm_epsilon=1e-6), r"layer_norm_epsilon=1e-06 has no counterpart here"),
+    (dict(scale_attn_by_inverse_layer_idx=True), r"scale_attn_by_inverse_layer_idx=True has no counterpart"),
+    (dict(activation_function="silu"), r"activation_function='silu' has no counterpart"),
+    (dict(n_inner=48), r"n_inner=48 has no counterpart"),
+    (dict(model_type="llama"), r"describes a 'llama' model, not 'gpt2'"),
+    (dict(n_layer=None), r"lacks n_layer"),
+    ("no weights", r"has no model.safetensors or pytorch_model.bin"),
+    ("no config", r"cannot read .*config.json"),
+])
+def test_from_pretrained_refuses_what_it_cannot_load_faithfully(change, message, tmp_path):
+    config = {"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 2,
+              "n_embd": 8, "activation_function": "gelu_new"}
+    if isinstance(change, dict):
+        config.update(change)
+        config = {k: v for k, v in config.items() if v is not None}
+    if change != "no config":
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    if change != "no weights":
+        torch.save({}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(UserError, match=message):
+        GPT.from_pretrained(str(tmp_path))
 
 
 def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_path):
