@@ -159,6 +159,16 @@ def test_batches_are_shifted_windows_and_reproducible(data_dir):
     assert torch.equal(b1.draw("train", 1)[0], x3)
 
 
+def test_evaluation_windows_run_from_the_start_of_the_split_to_its_end(data_dir):
+    val = np.fromfile(data_dir / "tiny" / "val.bin", dtype=np.uint16).astype(np.int64)
+    x, y = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3).evenly_spaced("val", 3)    # 12 windows
+    starts = np.linspace(0, len(val) - 17, 12).astype(np.int64)
+    assert starts[-1] - starts[0] > 0.9 * len(val)
+    for row, start in zip(x.reshape(12, 16).tolist(), starts):
+        assert row == val[start:start + 16].tolist()
+    assert y.reshape(12, 16)[-1].tolist() == val[-16:].tolist()      # the last window ends the split
+
+
 def test_block_size_longer_than_the_data(tmp_path):
     prepare("abcdefghij" * 3, tmp_path)
     with pytest.raises(UserError, match=r"val split .* has 3 tokens, too few for block_size=16"):

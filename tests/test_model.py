@@ -300,6 +300,30 @@ def test_rope_scores_depend_only_on_relative_position():
     torch.testing.assert_close(at_5, at_0, atol=1e-5, rtol=0)
 
 
+def test_rope_rotates_each_pair_by_its_position_times_its_frequency():
+    torch.manual_seed(0)
+    hs, start, T = 8, 3, 4
+    x = torch.randn(1, 1, T, hs)
+    expected = torch.empty_like(x)
+    for t in range(T):
+        for i in range(hs // 2):
+            angle = (start + t) * 10000 ** (-2 * i / hs)
+            a, b = x[0, 0, t, 2 * i].item(), x[0, 0, t, 2 * i + 1].item()
+            expected[0, 0, t, 2 * i] = a * math.cos(angle) - b * math.sin(angle)
+            expected[0, 0, t, 2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
+    torch.testing.assert_close(Rotary(hs, n_pos=16)(x, start), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n_head, slopes", [
+    # the ALiBi paper's rule for head counts that are not powers of two: the slopes of the power
+    # of two below, then every other slope of the power of two above
+    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),
+    (12, [2.0 ** -k for k in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]),
+])
+def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two(n_head, slopes):
+    torch.testing.assert_close(alibi_slopes(n_head), torch.tensor(slopes))
+
+
 def test_alibi_slopes_and_bias():
     slopes = alibi_slopes(8)
     torch.testing.assert_close(slopes, torch.tensor([2.0 ** -i for i in range(1, 9)]))
@@ -428,6 +452,26 @@ def test_attention_maps_are_causal_distributions(pos):
         assert weights.shape == (2, 4, 10, 10)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 10), atol=1e-5, rtol=0)
         assert torch.all(weights.triu(1) == 0)
+
+
+@pytest.mark.parametrize("flags", [dict(pos_encoding="none"), dict(pos_encoding="alibi"),
+                                   dict(pos_encoding="rope", qk_norm=True), dict(n_kv_head=2)])
+def test_attention_maps_are_the_weights_the_model_uses(flags):
+    """The maps times the values give each layer's attention output, as the model computes it."""
+    model = tiny_model(**flags)
+    seen = {}
+    for i, block in enumerate(model.transformer.h):
+        block.attn.c_attn.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("qkv", i), out))
+        block.attn.c_proj.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(("y", i), a[0]))
+    idx = torch.randint(0, V, (2, 10))
+    maps = model.attention_maps(idx)
+    for i, weights in enumerate(maps):
+        attn = model.transformer.h[i].attn
+        v = seen["qkv", i][..., -attn.n_kv_head * attn.head_size:]
+        v = v.view(2, 10, attn.n_kv_head, attn.head_size).transpose(1, 2)      # (B, nkv, T, hs)
+        v = v.repeat_interleave(attn.n_head // attn.n_kv_head, dim=1)         # (B, nh, T, hs)
+        y = (weights @ v).transpose(1, 2).reshape(2, 10, -1)                   # (B, T, C)
+        torch.testing.assert_close(y, seen["y", i], atol=1e-5, rtol=0)
 
 
 def test_alibi_changes_attention_maps():

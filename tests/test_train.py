@@ -11,9 +11,9 @@ import sample
 import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
-from gpt.config import GPTConfig, TrainConfig
+from gpt.config import GPTConfig, TrainConfig, shown
 from gpt.model import GPT
-from gpt.trainer import lr_at, make_optimizer
+from gpt.trainer import lr_at, make_optimizer, read_jsonl
 
 
 def read_metrics(out_dir, kind):
@@ -195,15 +195,24 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
 
 
 def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
+    """The model sample.py rebuilds from the checkpoint scores the val windows exactly as the
+    trained model did, for flags away from every default."""
+    from gpt.data import Batches
     out = tmp_path / "run"
-    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4",
-                                "--pos_encoding=rope", "--norm_type=rmsnorm")) == 0
+    flags = ["--pos_encoding=rope", "--norm_type=rmsnorm", "--norm_placement=sandwich", "--parallel=true",
+             "--qk_norm=true", "--activation=swiglu", "--n_kv_head=1", "--tie_weights=false",
+             "--scale_embeddings=true", "--bias=false", "--mlp_ratio=3"]
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4", *flags)) == 0
     ckpt = checkpoint.load(out / "ckpt.pt")
     cfg = checkpoint.model_config(ckpt)
-    assert (cfg.pos_encoding, cfg.norm_type, cfg.n_layer) == ("rope", "rmsnorm", 2)
-    model = checkpoint.load_model(ckpt)
-    assert model.config == cfg
-    assert ckpt["meta"]["tokenizer"] == "char"
+    assert [f"--{f.split('=')[0][2:]}={shown(getattr(cfg, f.split('=')[0][2:]))}" for f in flags] == flags
+    model, tok = checkpoint.load_for_sampling(out)
+    assert tok.vocab_size == cfg.vocab_size and ckpt["meta"]["tokenizer"] == "char"
+    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", seed=0).evenly_spaced("val", 2)     # eval_iters=2
+    with torch.no_grad():
+        loss = sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / 2
+    final = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"][-1]
+    assert loss == pytest.approx(final["val_loss"], abs=1e-6)
 
 
 def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
