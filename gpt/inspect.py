@@ -43,15 +43,18 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     labels = [repr(tok.decode([i]))[1:-1] or " " for i in ids]
     n_layer, n_head = len(maps), maps[0].size(1)
     plt = pyplot()
-    size = 1.2 + 0.12 * len(ids)
+    # a panel grows with the prompt, but the figure stays within 48 inches a side: image viewers
+    # (and Pillow) refuse pictures of hundreds of megapixels; labels only where they fit
+    size = min(1.2 + 0.12 * len(ids), 48 / max(n_head, n_layer))
+    labelled = size >= 1.2 + 0.12 * len(ids)
     fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
     for layer, weights in enumerate(maps):
         for head in range(n_head):
             ax = axes[layer][head]
             ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"layer {layer} head {head}", fontsize=8)
-            ax.set_xticks(range(len(ids)), labels, fontsize=6, rotation=90)
-            ax.set_yticks(range(len(ids)), labels, fontsize=6)
+            ax.set_xticks(range(len(ids)), labels if labelled else [], fontsize=6, rotation=90)
+            ax.set_yticks(range(len(ids)), labels if labelled else [], fontsize=6)
     fig.supxlabel("attended-to character (key)")
     fig.supylabel("attending character (query)")
     _save(fig, out)
@@ -100,7 +103,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     if not path.exists():
         raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
     rows = read_jsonl(path)
-    # lines of another shape (hand-edited, another program's) are left out rather than fatal
+    # lines without the losses (another program's) are left out; the values are taken as written
     evals = [r for r in rows if r["kind"] == "eval" and {"train_loss", "val_loss"} <= r.keys()]
     steps = [r for r in rows if r["kind"] == "train" and {"loss", "lr"} <= r.keys()]
     if not evals:

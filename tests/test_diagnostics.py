@@ -135,6 +135,15 @@ def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, 
     inspect.pyplot().close(figures[0])
 
 
+def test_an_attention_picture_of_many_heads_and_a_long_prompt_stays_viewable(data_dir, tmp_path):
+    from PIL import Image
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=1", "--n_head=8", "--block_size=96")) == 0
+    assert inspect.main(["attention", f"--out_dir={out}", "--start=" + "ROMEO: to be " * 8]) == 0
+    with Image.open(out / "attention.png") as picture:
+        assert max(picture.size) <= 4800 and picture.size[0] > 4000     # 48 inches at 100 dpi
+
+
 def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert inspect.main(["run", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: ")
