@@ -222,7 +222,7 @@ class SampleConfig:
     num_samples: int = opt(1, "number of samples to write")
     max_new_tokens: int = opt(500, "tokens generated per sample")
     temperature: float = opt(0.8, "softmax temperature; 0 picks the most likely token")
-    top_k: int = opt(0, "sample among the k most likely tokens; 0 means all")
+    top_k: int = opt(0, "sample among the k most likely tokens (and any tied with the k-th); 0 means all")
     top_p: float = opt(1.0, "sample among the smallest set of tokens whose probability reaches p")
     seed: int = opt(1337, "random seed: the same seed gives the same text")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
