@@ -9,6 +9,7 @@ on unheard. A stream closed outright (`>&-`) is silent from the start.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -108,3 +109,10 @@ def to_json(data, **kwargs) -> str:
             return {key: safe(v) for key, v in value.items()}
         return [safe(v) for v in value] if isinstance(value, (list, tuple)) else value
     return json.dumps(safe(data), allow_nan=False, **kwargs)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's errors: one line, saying where help is, not the usage text."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

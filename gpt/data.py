@@ -281,11 +281,13 @@ class Batches:
 
 def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
     """Command line of data/<dataset>/prepare.py."""
-    import argparse
     import sys
+
+    from .console import Parser
     tokenizer, url = DATASETS[dataset]
     default_dir = Path(__file__).resolve().parent.parent / "data" / dataset
-    parser = argparse.ArgumentParser(description=f"Prepare {dataset}: text -> train.bin, val.bin, meta.json")
+    parser = Parser(prog=f"python data/{dataset}/prepare.py",
+                    description=f"Prepare {dataset}: text -> train.bin, val.bin, meta.json")
     parser.add_argument("--input", help="text file to prepare (default: Tiny Shakespeare, "
                                         "downloaded to OUT_DIR/input.txt when missing)")
     parser.add_argument("--out_dir", help=f"where the files go (default: {default_dir}, for "

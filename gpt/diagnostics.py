@@ -13,7 +13,6 @@ freshly initialised models of growing depth, with residuals on and off, pre- and
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from .config import GPTConfig, UserError
-from .console import output_may_close, to_json
+from .console import Parser, output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
 
@@ -161,7 +160,7 @@ def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpt.diagnostics")
+    parser = Parser(prog="python -m gpt.diagnostics")
     sub = parser.add_subparsers(dest="command", required=True)
     gd = sub.add_parser("grad-depth", help="gradient reaching the first block vs depth, at init")
     gd.add_argument("--depths", default="5,10,20,40", help="comma-separated depths")

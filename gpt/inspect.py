@@ -10,12 +10,11 @@ per block the gradient norm, update size, residual RMS, position similarity and 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from .config import UserError
-from .console import output_may_close
+from .console import Parser, output_may_close
 from .trainer import read_jsonl
 
 
@@ -150,7 +149,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpt.inspect")
+    parser = Parser(prog="python -m gpt.inspect")
     sub = parser.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
     att.add_argument("--out_dir", required=True, help="run folder holding ckpt.pt")

@@ -536,6 +536,22 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
     assert capsys.readouterr().err == "sweep interrupted; run the same command again to continue\n"
 
 
+@pytest.mark.parametrize("command, argv, message", [
+    ("inspect", ["attention", "--bogus"], "the following arguments are required: --out_dir "
+                                          "(see python -m gpt.inspect attention --help)"),
+    ("diagnostics", ["grad-depth", "--depths=x"], "--depths 'x' should be integers separated by commas"),
+    ("prepare", ["--nope"], "unrecognized arguments: --nope (see python data/shakespeare_char/prepare.py --help)"),
+])
+def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, message, capsys):
+    from gpt import data, diagnostics, inspect
+    main = {"inspect": inspect.main, "diagnostics": diagnostics.main,
+            "prepare": lambda argv: data.prepare_main("shakespeare_char", argv)}[command]
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
 def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
     tiktoken = pytest.importorskip("tiktoken")
 
