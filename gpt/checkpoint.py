@@ -50,6 +50,8 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     if path.parent.is_file():
         raise UserError(f"{path.parent} is a file, not a run folder; give the out_dir a run was "
                         "trained into")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a checkpoint; move it aside and train again")
     if not path.is_file():
         runs = sorted(path.parent.rglob(path.name)) if is_sweep(path.parent) else []
         if runs:

@@ -115,7 +115,7 @@ def read_prompt(start: str) -> str:
         return start
     if not start[5:]:
         raise UserError("--start=FILE: names no file; give FILE:path to a text file")
-    path = Path(start[5:])
+    path = Path(start[5:]).expanduser()    # the shell leaves a ~ after FILE: as it is
     if not path.is_file():
         raise UserError(f"--start=FILE:{start[5:]}: {'not a file' if path.exists() else 'no such file'}; "
                         "give FILE:path to a text file")

@@ -297,6 +297,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("resume with a damaged training config", "train",
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': 'fast'})}", "--resume", "--max_iters=4"],
      r"cannot be used: its train_config: not a table of values\n$"),
+    ("a checkpoint that is a folder", "sample", lambda d, t, g: [f"--out_dir={_folder_ckpt(t)}"],
+     r"ckpt.pt is a folder, not a checkpoint"),
     ("a CPU with an index", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=cpu:1"],
      r"device='cpu:1': the CPU is one device; use --device=cpu"),
     ("resume a truncated checkpoint", "train", lambda d, t, g: [f"--out_dir={_truncate(g)}", "--resume"],
@@ -330,6 +332,11 @@ def _edited(good, drop=None, parts=None, **model_config):
     folder.mkdir()
     checkpoint.save(ckpt, folder / "ckpt.pt")
     return folder
+
+
+def _folder_ckpt(tmp_path):
+    (tmp_path / "odd" / "ckpt.pt").mkdir(parents=True)
+    return tmp_path / "odd"
 
 
 def _truncate(good):

@@ -97,13 +97,17 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     assert capsys.readouterr().out != first
 
 
-def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, capsys):
+def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("JULIET:")
     capsys.readouterr()
     assert sample.main([f"--out_dir={out}", f"--start=FILE:{prompt}", "--max_new_tokens=5",
+                        "--temperature=0"]) == 0
+    assert capsys.readouterr().out.startswith("JULIET:")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert sample.main([f"--out_dir={out}", "--start=FILE:~/prompt.txt", "--max_new_tokens=5",
                         "--temperature=0"]) == 0
     assert capsys.readouterr().out.startswith("JULIET:")
     assert sample.main([f"--out_dir={out}", "--start=ROMEO: Ω#", "--max_new_tokens=5"]) == 2
