@@ -1,6 +1,6 @@
 """Measure this project beside nanoGPT on the same machine, in the same run.
 
-    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--json FILE]
+    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--compiled] [--json FILE]
     python benchmarks/compare_nanogpt.py --whole_val out/NAME/ckpt.pt [...]
 
 PATH is a checkout of github.com/karpathy/nanoGPT (the figures in README.md used commit 3adf61e).
@@ -70,25 +70,31 @@ def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float
     return ms, wall, rss, rows
 
 
-def throughput(path: Path, rounds: int, iters: int) -> dict:
+def throughput(path: Path, rounds: int, iters: int, compiled: bool) -> dict:
+    """nanoGPT's recipe uncompiled, as its README runs it on a CPU; ours as it is and, with
+    compiled, also with --compile=true (its compilation, in the first step, is left out)."""
     ours_args = ["--config", "shakespeare_char", *RECIPE, "--bias=false", f"--max_iters={iters}",
                  f"--eval_interval={iters}", "--threads=0"]
-    theirs, mine, rss_theirs, rss_mine = [], [], [], []
+    arms = {"ours": ours_args, **({"ours_compiled": [*ours_args, "--compile=true"]} if compiled else {})}
+    ms_of = {"nanogpt": [], **{arm: [] for arm in arms}}
+    rss_of = {name: [] for name in ms_of}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             ms, _, rss, _ = nanogpt_train(path, iters, ["--eval_interval=100000"])
-            theirs.append(statistics.median(ms))
-            rss_theirs.append(rss)
-            ms, _, rss, _ = our_train(Path(tmp) / f"t{r}", ours_args)
-            mine.append(statistics.median(ms))
-            rss_mine.append(rss)
-    tokens = 12 * 64
-    return {"nanogpt_ms_per_iter": statistics.median(theirs), "ours_ms_per_iter": statistics.median(mine),
-            "nanogpt_tokens_per_sec": tokens / statistics.median(theirs) * 1000,
-            "ours_tokens_per_sec": tokens / statistics.median(mine) * 1000,
-            "throughput_ratio": statistics.median(theirs) / statistics.median(mine),
-            "rounds_ms": {"nanogpt": theirs, "ours": mine},
-            "nanogpt_peak_rss_mb": max(rss_theirs), "ours_peak_rss_mb": max(rss_mine)}
+            ms_of["nanogpt"].append(statistics.median(ms))
+            rss_of["nanogpt"].append(rss)
+            for arm, args in arms.items():
+                ms, _, rss, _ = our_train(Path(tmp) / f"{arm}{r}", args)
+                ms_of[arm].append(statistics.median(ms))
+                rss_of[arm].append(rss)
+    med = {name: statistics.median(values) for name, values in ms_of.items()}
+    result = {"nanogpt_ms_per_iter": med["nanogpt"], "nanogpt_tokens_per_sec": 12 * 64 / med["nanogpt"] * 1000,
+              "nanogpt_peak_rss_mb": max(rss_of["nanogpt"]), "rounds_ms": ms_of}
+    for arm in arms:
+        result.update({f"{arm}_ms_per_iter": med[arm], f"{arm}_tokens_per_sec": 12 * 64 / med[arm] * 1000,
+                       f"{arm}_peak_rss_mb": max(rss_of[arm]),
+                       f"throughput_ratio{arm.removeprefix('ours')}": med["nanogpt"] / med[arm]})
+    return result
 
 
 def val_ids(data_dir: Path = ROOT / "data", dataset: str = "shakespeare_char"):
@@ -175,6 +181,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quality_rounds", type=int, default=1, help="pairs of time-to-quality runs")
     parser.add_argument("--iters", type=int, default=300, help="iterations per throughput run")
+    parser.add_argument("--compiled", action="store_true",
+                        help="throughput: also time ours with --compile=true")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
                                                    "throughput,quality,sampling")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -203,7 +211,7 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     result = {}
     if "throughput" not in skip:
-        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters)
+        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled)
     if "quality" not in skip:
         result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:

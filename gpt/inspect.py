@@ -45,15 +45,15 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     # a panel grows with the prompt, but the figure stays within 48 inches a side: image viewers
     # (and Pillow) refuse pictures of hundreds of megapixels; labels only where they fit
     size = min(1.2 + 0.12 * len(ids), 48 / max(n_head, n_layer))
-    labelled = size >= 1.2 + 0.12 * len(ids)
+    ticks, tick_labels = (range(len(ids)), labels) if size >= 1.2 + 0.12 * len(ids) else ([], [])
     fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
     for layer, weights in enumerate(maps):
         for head in range(n_head):
             ax = axes[layer][head]
             ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"layer {layer} head {head}", fontsize=8)
-            ax.set_xticks(range(len(ids)), labels if labelled else [], fontsize=6, rotation=90)
-            ax.set_yticks(range(len(ids)), labels if labelled else [], fontsize=6)
+            ax.set_xticks(ticks, tick_labels, fontsize=6, rotation=90)
+            ax.set_yticks(ticks, tick_labels, fontsize=6)
     fig.supxlabel("attended-to character (key)")
     fig.supylabel("attending character (query)")
     _save(fig, out)
