@@ -24,11 +24,18 @@ FORMAT = "gpt-checkpoint-1"
 def save(obj: dict, path: Path) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **obj}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **obj}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:    # a full disk: torch reports it as a RuntimeError
+        tmp.unlink(missing_ok=True)         # half a file would only take more of the space
+        cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
+        reason = cause.strerror if cause is not None and cause.strerror else str(e).splitlines()[0][:200]
+        kept = f"the {path.name} from before is unchanged" if path.exists() else f"no {path.name} was written"
+        raise UserError(f"cannot save {path} ({reason}); {kept}") from None
     # the rename itself is durable only once the folder's entry is on disk
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -351,6 +351,12 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
         raise UserError("cannot resume with a different model: " + "; ".join(diffs))
 
 
+def how_to_continue(out_dir: Path) -> str:
+    if checkpoint.is_sweep(out_dir.parent):     # a run of a sweep
+        return "the sweep's command, run again, continues it"
+    return f"continue with --out_dir={shlex.quote(str(out_dir))} --resume"
+
+
 def _writable(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"out_dir={str(out_dir)!r} is a file; choose another --out_dir")
@@ -480,12 +486,16 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
 
     def save(name: str, it: int) -> None:
         with stop.hold():
-            checkpoint.save({
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
-                "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
-                "rng": rng_state(device), "batch_rng": batches.state(), "elapsed_s": elapsed(),
-            }, out_dir / name)
+            try:
+                checkpoint.save({
+                    "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
+                    "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
+                    "rng": rng_state(device), "batch_rng": batches.state(), "elapsed_s": elapsed(),
+                }, out_dir / name)
+            except UserError as e:      # a full disk: room made, the run goes on from ckpt.pt
+                more = f"; once it can be written, {how_to_continue(out_dir)}" if last_saved is not None else ""
+                raise UserError(f"{e}{more}") from None
 
     def diverged(what: str, it: int) -> Diverged:
         kept = ("no checkpoint had been saved yet" if last_saved is None else
@@ -603,10 +613,8 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
                 if master:
                     save("ckpt.pt", it)
                     metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
-                    how = ("the sweep's command, run again, continues it"     # a run of a sweep
-                           if checkpoint.is_sweep(out_dir.parent) else
-                           f"continue with --out_dir={shlex.quote(str(out_dir))} --resume")
-                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; {how}")
+                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
+                              f"{how_to_continue(out_dir)}")
                 summary["stopped_by"] = signal_name
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,

@@ -102,6 +102,32 @@ def test_a_pickled_object_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "boom-was-run").exists()
 
 
+def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_resumes(data_dir, tmp_path, monkeypatch,
+                                                                          capsys):
+    out, real, calls = tmp_path / "run", torch.save, []
+
+    def full_disk(obj, f):                  # as torch reports it: an OSError, then a RuntimeError
+        calls.append(1)
+        if len(calls) <= 2:                 # ckpt_best.pt and ckpt.pt at the first evaluation
+            return real(obj, f)
+        f.write(b"x" * 1000)
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64")
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: cannot save {out / 'ckpt_best.pt'} (No space left on device); the "
+                   f"ckpt_best.pt from before is unchanged; once it can be written, continue with "
+                   f"--out_dir={out} --resume\n")
+    assert not list(out.glob("*.tmp"))
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
+    monkeypatch.setattr(torch, "save", real)
+    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
+
+
 def test_random_bytes_are_called_corrupt(tmp_path):
     path = tmp_path / "ckpt.pt"
     path.write_bytes(bytes(range(256)) * 8)
