@@ -7,6 +7,7 @@ disk and renamed over the old one: a process killed at any moment leaves a loada
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -110,6 +111,29 @@ def _problem(ckpt: dict, needs) -> str | None:
     if "meta" in needs and not valid_meta(ckpt["meta"]):
         return "its vocabulary (meta) is incomplete or malformed"
     return None
+
+
+@contextlib.contextmanager
+def hold_folder(folder: Path, what: str = "training"):
+    """Keep folder to this process while inside: a second process (the same command in another
+    terminal, a sweep run again while its old runs still train) would interleave its log and
+    checkpoints with this one's. The lock is the kernel's, so it goes with the process however
+    that ends; where there is no flock (Windows), nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another process is {what} in {folder}; let it finish or stop it "
+                            "first, or choose another folder") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def is_sweep(folder: Path) -> bool:

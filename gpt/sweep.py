@@ -28,7 +28,7 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import DIVERGED_EXIT, read_jsonl, write_json
+from .trainer import DIVERGED_EXIT, STOP_SIGNALS, SWEEP_PID, read_jsonl, write_json
 
 
 @dataclass
@@ -177,10 +177,14 @@ def run(args, argv: list[str]) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    write_json(out_dir / "sweep.json",
-               {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
-                "command": " ".join(["python", "train.py", *argv])})
+    with checkpoint.hold_folder(out_dir, "running a sweep"):
+        write_json(out_dir / "sweep.json",
+                   {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
+                    "command": " ".join(["python", "train.py", *argv])})
+        return _run_grid(values, sweep_cfg.jobs, runs, run_cfgs, ended, out_dir)
 
+
+def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bool], out_dir: Path) -> int:
     todo = []                                        # failed runs are tried again
     for r, (_, cfg), end in zip(runs, run_cfgs, ended):
         if end:
@@ -190,14 +194,16 @@ def run(args, argv: list[str]) -> int:
         else:
             todo.append(r)
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
-          f"{sweep_cfg.jobs} at a time, in {out_dir}")
-    threads = max(1, (os.cpu_count() or 1) // sweep_cfg.jobs)
+          f"{jobs} at a time, in {out_dir}")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     done = len(runs) - len(todo)
-    previous = signal.signal(signal.SIGTERM, _interrupt)   # SIGTERM stops the runs as Ctrl-C does
+    # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
     try:
         while todo or running:
-            while todo and len(running) < sweep_cfg.jobs:
+            while todo and len(running) < jobs:
                 r = todo.pop(0)
                 r.folder.mkdir(parents=True, exist_ok=True)
                 (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
@@ -206,7 +212,7 @@ def run(args, argv: list[str]) -> int:
                 # run once, so that it saves its checkpoint
                 proc = subprocess.Popen(_command(values, r, threads), stdout=log,
                                         stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                        start_new_session=True)
+                                        start_new_session=True, env=env)
                 running[proc] = (r, time.time(), log)
                 print(f"[{done}/{len(runs)} done] started {r.folder.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
@@ -222,9 +228,10 @@ def run(args, argv: list[str]) -> int:
             if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
                 _record(entry, code, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     report(out_dir)
     failed = [r for r in runs if not _done(r.folder)]
     if failed:
@@ -236,11 +243,15 @@ def run(args, argv: list[str]) -> int:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, which stops a sweep as Ctrl-C does but is reported as itself."""
+    """A signal other than Ctrl-C that stops a sweep as Ctrl-C does, reported as itself."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _interrupt(signum, frame):
-    raise Terminated
+    raise Terminated(signum)
 
 
 def _done(folder: Path) -> bool:

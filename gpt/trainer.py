@@ -281,9 +281,30 @@ def start_wandb(cfg: TrainConfig, config: dict):
         return None
 
 
+# besides Ctrl-C: a kill, and a terminal closing under the run (no SIGHUP on Windows)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+SWEEP_PID = "GPT_SWEEP_PID"     # set for the runs a sweep starts: the sweep's process id
+
+
+def end_with_the_sweep() -> None:
+    """In a run a sweep started, ask Linux for SIGTERM (a save, then the end) when the sweep
+    process dies, even by SIGKILL: an orphaned run would train on unwatched, and the sweep, run
+    again, would start a second process on its folder."""
+    sweep_pid = os.environ.get(SWEEP_PID)
+    if not sweep_pid:
+        return
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != sweep_pid:      # it died before the request was made
+        raise UserError("the sweep that started this run has ended; run the sweep's command again")
+
+
 class StopRequest:
-    """Turns the first Ctrl-C or SIGTERM into a flag the loop checks after each step. A second one
-    stops at once, except while a checkpoint is being written: it then waits for the file."""
+    """Turns the first Ctrl-C, SIGTERM or SIGHUP into a flag the loop checks after each step. A
+    second one stops at once, except while a checkpoint is being written: it then waits for the
+    file."""
 
     def __init__(self):
         self.signal = None
@@ -291,7 +312,7 @@ class StopRequest:
         self.holding, self.pending = False, False
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -374,6 +395,7 @@ def _writable(out_dir: Path) -> None:
 
 def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
     """Train one model; returns a summary of the run (also in out_dir/metrics.jsonl)."""
+    end_with_the_sweep()
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
     if cfg.gradient_accumulation_steps % world:
@@ -387,7 +409,8 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
     try:
-        summary = _train(model_cfg, cfg, argv, device, rank, world)
+        with contextlib.ExitStack() as holds:       # _train takes out_dir once it may make it
+            summary = _train(model_cfg, cfg, argv, device, rank, world, holds)
         if ddp:     # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()
         return summary
@@ -396,7 +419,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
             torch.distributed.destroy_process_group()
 
 
-def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
+def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStack) -> dict:
     device_type = torch.device(device).type
     master = rank == 0
     out_dir = Path(cfg.out_dir)
@@ -420,6 +443,7 @@ def _train(model_cfg, cfg, argv, device, rank, world) -> dict:
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
     if master:          # only now, so a start that fails on its data or size leaves no folder
         _writable(out_dir)
+        holds.enter_context(checkpoint.hold_folder(out_dir))
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)

@@ -46,7 +46,7 @@ def wait_for_iter(out_dir, n, proc, timeout=60):
 RUN = ["--max_iters=60", "--eval_interval=10", "--dropout=0.1", "--seed=11"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     ref = tmp_path / "ref"
     assert train.main(tiny_args(data_dir, ref, *RUN)) == 0
@@ -557,6 +557,54 @@ def test_a_terminated_sweep_stops_its_runs_and_exits_as_sigterm(data_dir, tmp_pa
     assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
     # the run's own log gives the sweep's advice, not a --resume of its folder
     assert "the sweep's command, run again, continues it" in (out / "n_layer=1__seed=1337" / "log.txt").read_text()
+
+
+def test_a_closed_terminal_stops_a_sweep_and_its_runs_save(data_dir, tmp_path):
+    out = tmp_path / "sw"
+    proc = spawn(tiny_args(data_dir, out, "--max_iters=100000", "--eval_interval=10", "--sweep", "n_layer=1,2"))
+    wait_for_iter(out / "n_layer=1__seed=1337", 15, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert err.endswith("sweep interrupted; run the same command again to continue\n")
+    assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
+
+
+def test_a_killed_sweep_takes_its_runs_with_it(data_dir, tmp_path):
+    """SIGKILL leaves the sweep no time to stop its runs: each is stopped by Linux as its parent
+    dies, and saves; the sweep run again continues it, never beside a still-running copy."""
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=100000", "--eval_interval=10", "--sweep", "n_layer=1")
+    proc = spawn(argv)
+    run = out / "n_layer=1__seed=1337"
+    wait_for_iter(run, 15, proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.time() + 60
+    while "SIGTERM: saved" not in (run / "log.txt").read_text() and time.time() < deadline:
+        time.sleep(0.1)
+    assert "SIGTERM: saved" in (run / "log.txt").read_text()
+    with checkpoint.hold_folder(run):       # free: no orphan holds the run's folder any more
+        pass
+
+
+def test_two_processes_never_train_in_one_folder(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with checkpoint.hold_folder(out):       # as a run still training there would
+        assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+        assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: another process is training in {out}; let it finish or stop it first, or "
+                   "choose another folder"] * 2
+    assert before == {p.name: p.read_bytes() for p in out.iterdir()}
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    with checkpoint.hold_folder(sweep, "running a sweep"):
+        assert train.main(tiny_args(data_dir, sweep, "--max_iters=2", "--sweep", "n_layer=1")) == 2
+    assert "another process is running a sweep in" in capsys.readouterr().err
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 0     # free again
 
 
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
