@@ -490,18 +490,23 @@ def report(out_dir: Path) -> str:
     sweep, rows = collect(out_dir)
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
                "tokens_per_sec", "elapsed_s", "diverged", "status"]
-    with open(out_dir / "sweep.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
     table = summary_table(summarize(rows))
-    (out_dir / "summary.md").write_text(
-        f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
-        "Baseline: the first setting. 'worse/better' means the difference of the means exceeds two "
-        "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n\n"
-        f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n")
-    plot(rows, out_dir / "curves.png")
-    plot_diagnostics(rows, out_dir / "diagnostics.png")
+    try:
+        with open(out_dir / "sweep.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        (out_dir / "summary.md").write_text(
+            f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
+            "Baseline: the first setting. 'worse/better' means the difference of the means exceeds two "
+            "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n\n"
+            f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
+        plot(rows, out_dir / "curves.png")
+        plot_diagnostics(rows, out_dir / "diagnostics.png")
+    except OSError as e:    # a read-only copy, a full disk: the table is still worth printing
+        print(table)
+        raise UserError(f"the report cannot be written into {out_dir} ({e.strerror or e}); the table "
+                        "is above") from None
     print(table)
     return table
 

@@ -342,3 +342,16 @@ def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, dat
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1")) == 130
     result = json.loads((out / "n_layer=1__seed=1337" / "result.json").read_text())
     assert (result["status"], result["returncode"]) == (status, code)
+
+
+def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "n_layer=1")) == 0
+    (out / "sweep.csv").unlink()
+    (out / "sweep.csv").mkdir()                 # unwritable even for root, as a read-only copy is
+    capsys.readouterr()
+    assert sweep.main(["report", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "| n_layer=1 |" in captured.out
+    assert captured.err.startswith(f"error: the report cannot be written into {out} (Is a directory)")
+    assert captured.err.count("\n") == 1
