@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sys.stdout.write(text)
                 sys.stdout.flush()
+            except UnicodeEncodeError as e:     # a console or PYTHONIOENCODING short of UTF-8
+                raise UserError(f"standard output's encoding ({e.encoding}) cannot write "
+                                f"{e.object[e.start:e.end]!r}; set PYTHONIOENCODING=utf-8") from None
             except OSError as e:
                 silence(sys.stdout)     # what is left in its buffer must not fail again at exit
                 if isinstance(e, BrokenPipeError):      # the reader went away (| head): stop quietly

@@ -633,6 +633,19 @@ def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, mes
     assert stop.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
+def test_sampling_to_an_output_that_cannot_encode_the_text_gets_one_line(tmp_path):
+    prepare("Café au lait, s'il vous plaît. " * 300, tmp_path / "data" / "fr")
+    out = tmp_path / "run"
+    assert train.main(tiny_args(tmp_path / "data", out, "--dataset=fr", "--max_iters=2",
+                                "--eval_interval=2")) == 0
+    proc = subprocess.run([sys.executable, "sample.py", f"--out_dir={out}", "--start=Café",
+                           "--max_new_tokens=5"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 2
+    assert proc.stderr == ("error: standard output's encoding (ascii) cannot write '\\xe9'; "  # stderr's too
+                           "set PYTHONIOENCODING=utf-8\n")
+
+
 def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
     tiktoken = pytest.importorskip("tiktoken")
 
