@@ -440,7 +440,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
     source = dict(config_name=config_name,
-                  from_file=(*(n for n in values if n not in raw), *(n for n in file_sweep if n not in sweep)))
+                  from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
     values.update(raw)
     if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
         # the file's values would silently replace the run's own (its warmup, its schedule)

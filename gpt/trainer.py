@@ -105,7 +105,7 @@ def resolve_device(name: str) -> str:
                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError(f"device={name!r} but MPS is not available here; use --device=cpu")
-    return name
+    return "cpu" if device.type == "cpu" else name      # torch.load cannot map to "cpu:0"
 
 
 def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:

@@ -140,6 +140,13 @@ def test_a_validation_message_names_the_config_file_only_for_values_it_set():
         "n_embd=64 is not divisible by n_head=3 (n_embd, n_head set by --config sweeps/heads)")
     assert args.blame("n_layer=3 is too deep") == "n_layer=3 is too deep"     # given on the command line
     assert parse_argv(["--n_head=3"]).blame("n_head=3 is odd") == "n_head=3 is odd"
+    # the file's axis replaced by a plain value (gpt.bench runs one config), or a file's value by an axis
+    args = parse_argv(["--config", "sweeps/heads", "--n_head=3"], (GPTConfig, TrainConfig))
+    assert args.blame("n_embd=64 is not divisible by n_head=3") == (
+        "n_embd=64 is not divisible by n_head=3 (n_embd set by --config sweeps/heads)")
+    args = parse_argv(["--config", "shakespeare_char_cpu", "--sweep", "n_head=3,4"])
+    assert args.blame("n_embd=128 is not divisible by n_head=3") == (
+        "n_embd=128 is not divisible by n_head=3 (n_embd set by --config shakespeare_char_cpu)")
 
 
 def test_a_replaced_option_is_unknown_to_commands_without_it():

@@ -106,6 +106,8 @@ def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, caps
     assert sample.main([f"--out_dir={out}", f"--start=FILE:{prompt}", "--max_new_tokens=5",
                         "--temperature=0"]) == 0
     assert capsys.readouterr().out.startswith("JULIET:")
+    assert sample.main([f"--out_dir={out}", "--start=JULIET:", "--max_new_tokens=5", "--device=cpu:0"]) == 0
+    assert capsys.readouterr().out.startswith("JULIET:")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert sample.main([f"--out_dir={out}", "--start=FILE:~/prompt.txt", "--max_new_tokens=5",
                         "--temperature=0"]) == 0
