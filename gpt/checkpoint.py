@@ -148,13 +148,17 @@ def model_config(ckpt: dict) -> GPTConfig:
 def load_model(ckpt: dict) -> GPT:
     """The model a checkpoint describes, rebuilt from its config alone, with its weights."""
     model = GPT(model_config(ckpt))
+    load_weights(model, ckpt)
+    return model
+
+
+def load_weights(model: GPT, ckpt: dict) -> None:
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
         detail = " ".join(str(e).split())
         raise UserError(f"the checkpoint's weights do not fit its own model config, so it was written "
                         f"by another version of this project ({detail[:300]})") from None
-    return model
 
 
 def load_for_sampling(out_dir: Path, device="cpu"):

@@ -454,7 +454,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         # on the CPU: RNG states must stay there
         ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
         _check_resume(ckpt, model_cfg, meta)
-        model.load_state_dict(ckpt["model"])
+        checkpoint.load_weights(model, ckpt)
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
         last_saved = start_iter
