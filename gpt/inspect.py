@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from . import checkpoint
 from .config import UserError
 from .console import Parser, output_may_close
 from .trainer import read_jsonl
@@ -28,7 +29,6 @@ def pyplot():
 def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     import torch
 
-    from . import checkpoint
     from .data import read_prompt
     model, tok = checkpoint.load_for_sampling(out_dir)
     ids = tok.encode(read_prompt(prompt))
@@ -100,6 +100,9 @@ def _per_block(ax, evals, key, title, log=False):
 def run_figure(run_dir: Path, out: Path) -> Path:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
+        if checkpoint.is_sweep(run_dir):
+            raise UserError(f"{run_dir} is a sweep: its curves are in {run_dir / 'curves.png'} "
+                            f"(python -m gpt.sweep report {run_dir}); or give one of its runs")
         raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
     rows = read_jsonl(path)
     # lines without the losses (another program's) are left out; the values are taken as written

@@ -267,7 +267,7 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
     write_json(run.folder / "result.json", result)
     final = _final_eval(run.folder)
-    val = f"val {final['val_loss']:.4f}" if final else "no evaluation"
+    val = f"val {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
     print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)

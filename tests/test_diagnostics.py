@@ -157,6 +157,10 @@ def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert inspect.main(["attention", f"--out_dir={tmp_path}"]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path} is a sweep; give one of its runs, "
                                        f"e.g. {tmp_path / 'a=1__seed=1'}\n")
+    assert inspect.main(["run", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path} is a sweep: its curves are in "
+                                       f"{tmp_path / 'curves.png'} (python -m gpt.sweep report "
+                                       f"{tmp_path}); or give one of its runs\n")
 
 
 def test_whole_split_loss_covers_every_window_once():

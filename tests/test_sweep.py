@@ -1,6 +1,7 @@
 import csv
 import dataclasses
 import json
+import re
 import math
 from pathlib import Path
 
@@ -138,6 +139,8 @@ def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, ca
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--eval_interval=2", "--sweep", "max_iters=2,4")
     assert train.main(argv) == 0
+    assert re.search(r"\] max_iters=4__seed=1337: finished, val \d\.\d{4} at iteration 4, \d+ s\n",
+                     capsys.readouterr().out)
     for name in ("max_iters=2__seed=1337", "max_iters=4__seed=1337"):
         (out / name / "result.json").unlink()
     assert train.main(argv) == 0
