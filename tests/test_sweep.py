@@ -1,8 +1,8 @@
 import csv
 import dataclasses
 import json
-import re
 import math
+import re
 from pathlib import Path
 
 import pytest
