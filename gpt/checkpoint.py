@@ -59,7 +59,8 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         raise UserError(f"{path.parent} is a file, not a run folder; give the out_dir a run was "
                         "trained into")
     if path.is_dir():
-        raise UserError(f"{path} is a folder, not a checkpoint; move it aside and train again")
+        inner = path / "ckpt.pt"
+        raise UserError(f"{path} is a folder, not a checkpoint" + (f"; give {inner}" if inner.is_file() else ""))
     if not path.is_file():
         runs = sorted(path.parent.rglob(path.name)) if is_sweep(path.parent) else []
         if runs:

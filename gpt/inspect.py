@@ -76,7 +76,7 @@ def _save(fig, out: Path) -> None:
         fig.tight_layout()
         fig.savefig(out, dpi=100)
     except OSError as e:
-        raise UserError(f"--out {out} cannot be written ({e.strerror})") from None
+        raise UserError(f"the picture {out} cannot be written ({e.strerror})") from None
     finally:
         pyplot().close(fig)
 

@@ -301,7 +301,9 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
     if not path.exists():
         raise UserError(f"{path} does not exist; is {out_dir} a sweep folder?")
     sweep = _read_json(path)
-    if not {"axes", "seeds", "base_seed", "command"} <= sweep.keys():
+    if not ({"axes", "seeds", "base_seed", "command"} <= sweep.keys() and isinstance(sweep["axes"], dict)
+            and all(isinstance(v, list) for v in sweep["axes"].values())
+            and all(type(sweep[k]) is int for k in ("seeds", "base_seed"))):
         raise UserError(f"{path} is not a sweep description; run the sweep again to rewrite it")
     rows = []
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):

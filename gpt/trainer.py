@@ -381,6 +381,8 @@ def how_to_continue(out_dir: Path) -> str:
 def _writable(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"out_dir={str(out_dir)!r} is a file; choose another --out_dir")
+    if checkpoint.is_sweep(out_dir):    # a run's files would mix with the sweep's run folders
+        raise UserError(f"out_dir={str(out_dir)!r} holds a sweep; choose another --out_dir")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write-test"

@@ -327,7 +327,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': 'fast'})}", "--resume", "--max_iters=4"],
      r"cannot be used: its train_config: not a table of values\n$"),
     ("a checkpoint that is a folder", "sample", lambda d, t, g: [f"--out_dir={_folder_ckpt(t)}"],
-     r"ckpt.pt is a folder, not a checkpoint"),
+     r"ckpt.pt is a folder, not a checkpoint\n$"),
+    ("one run into a sweep's folder", "train", lambda d, t, g: tiny_args(d, _sweep_folder(t)),
+     r"out_dir=.*sw' holds a sweep; choose another --out_dir"),
     ("a CPU with an index", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=cpu:1"],
      r"device='cpu:1': the CPU is one device; use --device=cpu"),
     ("resume a truncated checkpoint", "train", lambda d, t, g: [f"--out_dir={_truncate(g)}", "--resume"],
@@ -361,6 +363,12 @@ def _edited(good, drop=None, parts=None, **model_config):
     folder.mkdir()
     checkpoint.save(ckpt, folder / "ckpt.pt")
     return folder
+
+
+def _sweep_folder(tmp_path):
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "sweep.json").write_text("{}")
+    return tmp_path / "sw"
 
 
 def _folder_ckpt(tmp_path):

@@ -358,3 +358,12 @@ def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_pa
     assert "| n_layer=1 |" in captured.out
     assert captured.err.startswith(f"error: the report cannot be written into {out} (Is a directory)")
     assert captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("record", [{"axes": {"n_layer": [1]}, "seeds": "x", "base_seed": 1, "command": ""},
+                                    {"axes": ["n_layer"], "seeds": 1, "base_seed": 1, "command": ""}])
+def test_a_damaged_sweep_description_gets_one_line(record, tmp_path, capsys):
+    (tmp_path / "sweep.json").write_text(json.dumps(record))
+    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'sweep.json'} is not a sweep description; "
+                                       "run the sweep again to rewrite it\n")
