@@ -51,7 +51,8 @@ def sample(cfg: SampleConfig):
     from gpt.trainer import resolve_device
 
     device = resolve_device(cfg.device)
-    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device)
+    name = {"latest": "ckpt.pt", "best": "ckpt_best.pt"}[cfg.ckpt]
+    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name)
     prompt = read_prompt(cfg.start)
     ids = tok.encode(prompt)
     if not ids:

@@ -162,8 +162,8 @@ def load_weights(model: GPT, ckpt: dict) -> None:
                         f"by another version of this project ({detail[:300]})") from None
 
 
-def load_for_sampling(out_dir: Path, device="cpu"):
+def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
     """(model in eval mode on device, tokenizer) of the run in out_dir."""
     from .data import tokenizer_from_meta
-    ckpt = load(Path(out_dir) / "ckpt.pt", map_location=device)
+    ckpt = load(Path(out_dir) / name, map_location=device)
     return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

@@ -217,7 +217,9 @@ class SweepConfig:
 
 @dataclass
 class SampleConfig:
-    out_dir: str = opt("out", "run folder whose ckpt.pt is sampled")
+    out_dir: str = opt("out", "run folder whose checkpoint is sampled")
+    ckpt: str = opt("latest", "latest: ckpt.pt, the last saved; best: ckpt_best.pt, the lowest val loss",
+                    choices=("latest", "best"))
     start: str = opt("\n", "prompt text, or FILE:path to read it from a file")
     num_samples: int = opt(1, "number of samples to write")
     max_new_tokens: int = opt(500, "tokens generated per sample")
@@ -229,6 +231,7 @@ class SampleConfig:
     use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")
 
     def __post_init__(self):
+        _check_choices(self)
         _positive(self, "num_samples", "max_new_tokens")
         if self.temperature != 0 and not 1e-3 <= self.temperature:
             raise UserError(f"temperature={self.temperature} must be 0 (greedy) or at least 0.001")

@@ -108,6 +108,19 @@ def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, caps
     assert capsys.readouterr().out.startswith("JULIET:")
     assert sample.main([f"--out_dir={out}", "--start=JULIET:", "--max_new_tokens=5", "--device=cpu:0"]) == 0
     assert capsys.readouterr().out.startswith("JULIET:")
+    # the best checkpoint, here an older one than the last: its weights are what is sampled
+    best = checkpoint.load(out / "ckpt.pt")
+    best["model"] = {k: torch.zeros_like(v) for k, v in best["model"].items()}      # uniform logits
+    checkpoint.save(best, out / "ckpt_best.pt")
+    greedy = ["--start=JULIET:", "--max_new_tokens=8", "--temperature=0"]
+    texts = []
+    for which in ("latest", "best"):
+        assert sample.main([f"--out_dir={out}", f"--ckpt={which}", *greedy]) == 0
+        texts.append(capsys.readouterr().out)
+    tok_0 = sorted(checkpoint.load(out / "ckpt.pt")["meta"]["chars"])[0]
+    assert texts[1] == "JULIET:" + tok_0 * 8 + "\n" != texts[0]      # all logits equal: argmax is id 0
+    assert sample.main([f"--out_dir={out}", "--ckpt=3"]) == 2
+    assert "ckpt='3' is not allowed; choose one of latest, best" in capsys.readouterr().err
     monkeypatch.setenv("HOME", str(tmp_path))
     assert sample.main([f"--out_dir={out}", "--start=FILE:~/prompt.txt", "--max_new_tokens=5",
                         "--temperature=0"]) == 0
