@@ -571,9 +571,9 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                     finite = flag.item() > 0
                 if master:
                     metrics.log(row)
+                    speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if tokens_since else ""  # none yet
                     bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
-                              f"(unigram level {unigram:.2f}), lr {lr:.2e}, "
-                              f"{row['tokens_per_sec']:,.0f} tokens/s")
+                              f"(unigram level {unigram:.2f}), lr {lr:.2e}{speed}")
                     sys.stdout.flush()      # now, not at exit, when the output is piped (| tee)
                 if not finite:      # weights gone bad: saving them would replace the last good ones
                     if master:
