@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that is not installed
+from gpt.console import to_json  # noqa: E402
 RECIPE = ["--device=cpu", "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
           "--n_layer=4", "--n_head=4", "--n_embd=128", "--lr_decay_iters=2000", "--dropout=0.0"]
 SKIP = 10   # iterations left out of the median: start-up effects
@@ -216,9 +216,9 @@ def main() -> int:
         result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:
         result["sampling"] = sampling(args.nanogpt, args.rounds)
-    print(json.dumps(result, indent=1))
+    print(to_json(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(to_json(result, indent=1))
     return 0
 
 

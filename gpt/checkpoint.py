@@ -32,17 +32,20 @@ def save(obj: dict, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:    # a full disk: torch reports it as a RuntimeError
-        tmp.unlink(missing_ok=True)         # half a file would only take more of the space
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)     # half a file would only take more of the space
         cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
         reason = cause.strerror if cause is not None and cause.strerror else str(e).splitlines()[0][:200]
         kept = f"the {path.name} from before is unchanged" if path.exists() else f"no {path.name} was written"
         raise UserError(f"cannot save {path} ({reason}); {kept}") from None
-    # the rename itself is durable only once the folder's entry is on disk
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    # the rename itself is durable only once the folder's entry is on disk; some file systems
+    # cannot sync a folder, and the file is whole either way
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 # what sampling needs; resuming needs the rest of what trainer.train saves as well
@@ -106,7 +109,7 @@ def _problem(ckpt: dict, needs) -> str | None:
                                  all(isinstance(v, torch.Tensor) for v in weights.values())):
         return "its weights are not a table of tensors"
     for key, cls in (("model_config", GPTConfig), ("train_config", TrainConfig)):
-        problem = saved_problem(cls, ckpt[key], strict_names=cls is GPTConfig) if key in needs else None
+        problem = saved_problem(cls, ckpt[key], model=cls is GPTConfig) if key in needs else None
         if problem:
             return f"its {key} has {problem}" if problem.startswith("options") else f"its {key}: {problem}"
     if "meta" in needs and not valid_meta(ckpt["meta"]):
@@ -115,11 +118,12 @@ def _problem(ckpt: dict, needs) -> str | None:
 
 
 @contextlib.contextmanager
-def hold_folder(folder: Path, what: str = "training"):
+def hold_folder(folder: Path):
     """Keep folder to this process while inside: a second process (the same command in another
     terminal, a sweep run again while its old runs still train) would interleave its log and
     checkpoints with this one's. The lock is the kernel's, so it goes with the process however
-    that ends; where there is no flock (Windows), nothing is held."""
+    that ends. It is a safety net: where it cannot be had (Windows has no flock; NFS and Lustre
+    refuse it on a folder), the work goes on without it."""
     try:
         import fcntl
     except ImportError:
@@ -130,8 +134,10 @@ def hold_folder(folder: Path, what: str = "training"):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(f"another process is {what} in {folder}; let it finish or stop it "
-                            "first, or choose another folder") from None
+            raise UserError(f"another process (a run or a sweep) is using {folder}; let it finish "
+                            "or stop it first, or choose another folder") from None
+        except OSError:
+            pass
         yield
     finally:
         os.close(fd)
@@ -165,5 +171,8 @@ def load_weights(model: GPT, ckpt: dict) -> None:
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
     """(model in eval mode on device, tokenizer) of the run in out_dir."""
     from .data import tokenizer_from_meta
+    if name != "ckpt.pt" and not (Path(out_dir) / name).exists() and (Path(out_dir) / "ckpt.pt").is_file():
+        raise UserError(f"{Path(out_dir) / name} does not exist (no evaluation after the first has "
+                        "saved one yet); --ckpt=latest samples ckpt.pt")
     ckpt = load(Path(out_dir) / name, map_location=device)
     return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

@@ -171,13 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         depths = [int(d) for d in args.depths.split(",")]
     except ValueError:
-        parser.error(f"--depths {args.depths!r} should be integers separated by commas")
+        gd.error(f"--depths {args.depths!r} should be integers separated by commas")
     if min(depths) < 1:
-        parser.error("--depths must be positive")
+        gd.error("--depths must be positive")
     try:
         rows = grad_depth(depths, n_embd=args.n_embd, seed=args.seed)
     except UserError as e:
-        parser.error(str(e))
+        gd.error(str(e))
     if args.json:
         print(to_json(rows))
         return 0

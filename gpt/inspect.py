@@ -43,7 +43,7 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     n_layer, n_head = len(maps), maps[0].size(1)
     plt = pyplot()
     # a panel grows with the prompt, but the figure stays within 48 inches a side: image viewers
-    # (and Pillow) refuse pictures of hundreds of megapixels; labels only where they fit
+    # (and Pillow) refuse pictures of hundreds of megapixels; labels only on panels at full size
     size = min(1.2 + 0.12 * len(ids), 48 / max(n_head, n_layer))
     ticks, tick_labels = (range(len(ids)), labels) if size >= 1.2 + 0.12 * len(ids) else ([], [])
     fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)

@@ -28,7 +28,7 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import DIVERGED_EXIT, STOP_SIGNALS, SWEEP_PID, read_jsonl, write_json
+from .trainer import DIVERGED_EXIT, SWEEP_PID, catch_signals, read_jsonl, write_json
 
 
 @dataclass
@@ -177,7 +177,7 @@ def run(args, argv: list[str]) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    with checkpoint.hold_folder(out_dir, "running a sweep"):
+    with checkpoint.hold_folder(out_dir):
         write_json(out_dir / "sweep.json",
                    {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
                     "command": " ".join(["python", "train.py", *argv])})
@@ -199,7 +199,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     done = len(runs) - len(todo)
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
-    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
+    previous = catch_signals(_interrupt)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
     try:
         while todo or running:
@@ -251,6 +251,8 @@ class Terminated(KeyboardInterrupt):
 
 
 def _interrupt(signum, frame):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Terminated(signum)
 
 

@@ -301,10 +301,17 @@ def end_with_the_sweep() -> None:
         raise UserError("the sweep that started this run has ended; run the sweep's command again")
 
 
+def catch_signals(handler) -> dict:
+    """Install handler for Ctrl-C and STOP_SIGNALS; returns the handlers it replaced. A signal
+    the process was started to ignore (nohup's SIGHUP) stays ignored."""
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
+            if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
 class StopRequest:
     """Turns the first Ctrl-C, SIGTERM or SIGHUP into a flag the loop checks after each step. A
-    second one stops at once, except while a checkpoint is being written: it then waits for the
-    file."""
+    second Ctrl-C stops at once, except while a checkpoint is being written: it then waits for the
+    file. Other signals never escalate: Linux may deliver a dying sweep's SIGTERM several times."""
 
     def __init__(self):
         self.signal = None
@@ -312,13 +319,14 @@ class StopRequest:
         self.holding, self.pending = False, False
 
     def __enter__(self):
-        for sig in (signal.SIGINT, *STOP_SIGNALS):
-            self.previous[sig] = signal.signal(sig, self._handle)
+        self.previous = catch_signals(self._handle)
         return self
 
     def _handle(self, signum, frame):
         if self.signal is None:
             self.signal = signal.Signals(signum).name
+        elif signum != signal.SIGINT:
+            return
         elif self.holding:
             self.pending = True
         else:
@@ -385,7 +393,7 @@ def _writable(out_dir: Path) -> None:
         raise UserError(f"out_dir={str(out_dir)!r} holds a sweep; choose another --out_dir")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
+        probe = out_dir / f".write-test{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:

@@ -57,6 +57,8 @@ def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monke
     assert data.prepare_main("shakespeare_char", ["--input", str(src)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --input needs --out_dir: ") and err.count("\n") == 1
+    assert data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir="]) == 2     # an unset $OUT
+    assert capsys.readouterr().err == "error: --out_dir is empty; give the folder the dataset goes into\n"
     assert before == {p.name: p.read_bytes() for p in shipped.iterdir()}
 
 
