@@ -492,7 +492,8 @@ def saved_problem(cls, saved, model: bool) -> str | None:
     options."""
     if not isinstance(saved, dict):
         return "not a table of values"
-    damaged = [f"{k}={saved[k]!r}" for k, (_, values) in REPLACED.items() if k in saved and saved[k] not in values]
+    damaged = [f"{k}={saved[k]!r}" for k, (_, values) in REPLACED.items()
+               if k in saved and saved[k] not in list(values)]     # a list: the value may not hash
     if damaged:
         return f"{damaged[0]} is not one of its values"
     saved = _upgraded(cls, saved)
