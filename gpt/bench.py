@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, TrainConfig, UserError, build, help_text, opt, parse_argv
+from .config import GPTConfig, TrainConfig, UserError, check_types, build, help_text, opt, parse_argv
 from .console import output_may_close, to_json
 from .model import GPT
 from .data import load_meta
@@ -46,6 +46,7 @@ class BenchConfig:
     json: bool = opt(False, "print JSON instead of a table")
 
     def __post_init__(self):
+        check_types(self)
         if self.bench_iters <= 0 or self.bench_warmup < 0 or self.sample_tokens < 0:
             raise UserError("bench_iters must be positive, bench_warmup and sample_tokens not negative")
 

@@ -45,6 +45,23 @@ def _check_seed(seed: int) -> None:
         raise UserError(f"seed={seed} must be in [0, 2**32)")
 
 
+def check_types(obj) -> None:
+    """Each value of the field's own type, for configs built in Python: "false" would be true."""
+    for f in dataclasses.fields(obj):
+        problem = _type_problem(type(obj), f, getattr(obj, f.name))
+        if problem:
+            raise UserError(problem)
+
+
+def _type_problem(cls, f, value) -> str | None:
+    kind = _field_type(cls, f)
+    if value is None and f.default is None:
+        return None
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
+        return f"{f.name}={value!r} is not {SPELLED.get(kind, kind.__name__)}"
+    return None
+
+
 def _check_choices(obj) -> None:
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
@@ -88,6 +105,7 @@ class GPTConfig:
                                  "on the way in, as the 2017 Transformer and Gemma do for tokens")
 
     def __post_init__(self):
+        check_types(self)
         _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
         if self.n_kv_head < 0:
             raise UserError(f"n_kv_head={self.n_kv_head} must be positive, or 0 for as many as n_head")
@@ -185,6 +203,7 @@ class TrainConfig:
     wandb_run_name: str = opt("", "Weights & Biases run name; empty uses out_dir's name")
 
     def __post_init__(self):
+        check_types(self)
         _check_choices(self)
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
                   "eval_iters", "log_interval", "learning_rate")
@@ -212,6 +231,7 @@ class SweepConfig:
     jobs: int = opt(1, "runs at once; CPU threads are split between them")
 
     def __post_init__(self):
+        check_types(self)
         _positive(self, "seeds", "jobs")
 
 
@@ -231,6 +251,7 @@ class SampleConfig:
     use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")
 
     def __post_init__(self):
+        check_types(self)
         _check_choices(self)
         _positive(self, "num_samples", "max_new_tokens")
         if self.temperature != 0 and not 1e-3 <= self.temperature:
@@ -502,10 +523,9 @@ def saved_problem(cls, saved, model: bool) -> str | None:
     if model and unknown:
         return f"options this version does not know ({', '.join(unknown)}); update the project"
     known = {k: v for k, v in saved.items() if k in fields}
-    for name, value in known.items():
-        kind = _field_type(cls, fields[name])
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
-            return f"{name}={value!r} is not {SPELLED.get(kind, kind.__name__)}"
+    problem = next(filter(None, (_type_problem(cls, fields[k], v) for k, v in known.items())), None)
+    if problem:
+        return problem
     if model:
         try:
             cls(**known)

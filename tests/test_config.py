@@ -263,3 +263,15 @@ def test_a_config_file_path_works(tmp_path: Path):
 def test_values_are_shown_as_typed_and_quoted_where_spaces_or_commas_would_blur_them():
     values = (True, 0.001, "learned", "", "a, b", " x", "a,b")
     assert [shown(v) for v in values] == ["true", "0.001", "learned", "''", "'a, b'", "' x'", "'a,b'"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: TrainConfig(compile="false"), "compile='false' is not true or false"),   # a str would be true
+    (lambda: TrainConfig(batch_size=4.5), "batch_size=4.5 is not a whole number"),
+    (lambda: GPTConfig(n_head="4", n_embd=128), "n_head='4' is not a whole number"),
+    (lambda: SampleConfig(top_k=True), "top_k=True is not a whole number"),
+])
+def test_configs_built_in_python_check_their_types(make, message):
+    with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+        make()
+    assert TrainConfig(learning_rate=1).learning_rate == 1      # a whole number is a number
