@@ -91,7 +91,9 @@ def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
                                   eval_iters=1, log_interval=1, diagnostics=False, resume=False,
                                   wandb=False)
         with contextlib.redirect_stdout(io.StringIO()):  # the inner run's lines are not the result
-            train(model_cfg, cfg)
+            summary = train(model_cfg, cfg)
+        if summary["stopped_by"]:       # the loop took the Ctrl-C: a table of a cut run is no result
+            raise KeyboardInterrupt
         rows = read_jsonl(Path(tmp) / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= bench.bench_warmup]
     median = statistics.median(ms)
@@ -188,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was measured", file=sys.stderr)
+        return 130
     print(to_json(result) if bench.json else format_table(result))
     return 0
 

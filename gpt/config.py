@@ -445,6 +445,11 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             raise UserError("--config: this command takes the model's settings from the checkpoint "
                             "in --out_dir")
         if name == "config":
+            if not value:
+                raise UserError("--config is empty; give a config's name or a .toml path")
+            if config_name is not None:
+                raise UserError(f"--config is given twice ({config_name}, {value}); give one file, and "
+                                "the values to change as --name=value")
             config_name = value
         elif name == "sweep":
             axis, eq, values = value.partition("=")

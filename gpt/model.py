@@ -290,6 +290,14 @@ class GPT(nn.Module):
         """Yield each new token (B, 1) as it is chosen. With the KV cache a step processes one
         token; once the text outgrows block_size the window slides and each step re-reads the
         last block_size tokens, exactly as without the cache."""
+        if idx.dim() != 2 or idx.size(1) == 0:
+            raise UserError(f"idx has shape {tuple(idx.shape)}; give (batch, tokens), at least one token")
+        for bad, message in ((max_new_tokens < 0, f"max_new_tokens={max_new_tokens} is negative"),
+                             (temperature < 0, f"temperature={temperature} is negative; 0 is greedy"),
+                             (top_k is not None and top_k <= 0, f"top_k={top_k} must be positive, or None"),
+                             (top_p is not None and not 0 < top_p <= 1, f"top_p={top_p} must be in (0, 1]")):
+            if bad:
+                raise UserError(message)
         block = self.config.block_size
         cache = None
         for _ in range(max_new_tokens):

@@ -18,6 +18,7 @@ import random
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -303,7 +304,11 @@ def end_with_the_sweep() -> None:
 
 def catch_signals(handler) -> dict:
     """Install handler for Ctrl-C and STOP_SIGNALS; returns the handlers it replaced. A signal
-    the process was started to ignore (nohup's SIGHUP) stays ignored."""
+    the process was started to ignore (nohup's SIGHUP) stays ignored, and a thread other than
+    the main one (training from a notebook's worker) cannot catch any: Python delivers them to
+    the main thread alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
             if signal.getsignal(sig) is not signal.SIG_IGN}
 

@@ -45,3 +45,14 @@ def test_gpu_peaks_match_whole_model_names():
     for other in ("NVIDIA L40S", "NVIDIA A10G"):        # not an L4, not an A10
         peak, label = bench.gpu_peak(other, bf16)
         assert math.isnan(peak) and label == f"{other}: peak unknown"
+
+
+def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
+    from gpt import bench
+
+    def stopped(model_cfg, cfg):        # the training loop took the signal and saved
+        return {"stopped_by": "SIGINT"}
+    monkeypatch.setattr(bench, "train", stopped)
+    assert bench.main(["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "interrupted; nothing was measured\n"

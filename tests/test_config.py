@@ -275,3 +275,13 @@ def test_configs_built_in_python_check_their_types(make, message):
     with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
         make()
     assert TrainConfig(learning_rate=1).learning_rate == 1      # a whole number is a number
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config="], "--config is empty; give a config's name or a .toml path"),
+    (["--config", "shakespeare_char_cpu", "--config", "shakespeare_char_fast"],
+     "--config is given twice (shakespeare_char_cpu, shakespeare_char_fast)"),
+])
+def test_an_empty_or_repeated_config_is_refused(argv, message):
+    with pytest.raises(UserError, match=f"^{re.escape(message)}"):
+        parse_argv(argv)

@@ -583,3 +583,14 @@ def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_p
 def test_the_config_counts_the_parameters_of_its_model(flags):
     cfg = GPTConfig(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16, **flags)
     assert cfg.num_params() == GPT(cfg).num_params()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"), (dict(top_k=-3), r"top_k=-3 must be positive"),
+    (dict(temperature=-1.0), r"temperature=-1.0 is negative"), (dict(max_new_tokens=-1), r"max_new_tokens=-1"),
+    (dict(idx=torch.zeros((1, 0), dtype=torch.long)), r"idx has shape \(1, 0\)"),
+])
+def test_generate_refuses_bad_arguments_in_one_line(kwargs, message):
+    args = {"idx": torch.zeros((1, 1), dtype=torch.long), "max_new_tokens": 3, **kwargs}
+    with pytest.raises(UserError, match=message):
+        tiny_model().generate(**args)

@@ -252,3 +252,15 @@ def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
     argv = tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2", "--wandb_run_name=my run")
     assert train.main(argv) == 0
     assert shlex.split((tmp_path / "run" / "command.txt").read_text()) == ["python", "train.py", *argv]
+
+
+def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
+    import threading
+    from gpt.config import parse_argv
+    from gpt.trainer import configs_for_run, train as train_in_python
+    values = parse_argv(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2")).values
+    results = []
+    worker = threading.Thread(target=lambda: results.append(train_in_python(*configs_for_run(values))))
+    worker.start()
+    worker.join(timeout=120)
+    assert results and results[0]["iters"] == 2 and results[0]["stopped_by"] is None
