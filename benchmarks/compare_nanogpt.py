@@ -209,6 +209,11 @@ def main() -> int:
     if not (data / "train.bin").exists():
         sys.exit(f"prepare nanoGPT's data first: python {data / 'prepare.py'}")
     skip = set(filter(None, args.skip.split(",")))
+    if skip - {"throughput", "quality", "sampling"}:
+        parser.error(f"--skip {args.skip!r}: the parts are throughput, quality and sampling")
+    if args.rounds < 1 or args.quality_rounds < 1 or args.iters <= SKIP:
+        parser.error(f"--rounds and --quality_rounds must be at least 1, --iters above {SKIP} "
+                     "(the first iterations are left out of the median)")
     result = {}
     if "throughput" not in skip:
         result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled)
