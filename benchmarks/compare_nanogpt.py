@@ -22,7 +22,6 @@ and ratios are reported, since timings on a small shared CPU drift by 10% or mor
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import re
@@ -35,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that is not installed
-from gpt.console import to_json  # noqa: E402
+from gpt.console import Parser, to_json  # noqa: E402
 RECIPE = ["--device=cpu", "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
           "--n_layer=4", "--n_head=4", "--n_embd=128", "--lr_decay_iters=2000", "--dropout=0.0"]
 SKIP = 10   # iterations left out of the median: start-up effects
@@ -174,7 +173,7 @@ def sampling(path: Path, rounds: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout")
     parser.add_argument("--whole_val", type=Path, nargs="+", metavar="CKPT",
                         help="only print the whole-split val loss of these checkpoints of ours")
