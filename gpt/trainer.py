@@ -385,6 +385,18 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
         raise UserError("cannot resume with a different model: " + "; ".join(diffs))
 
 
+def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
+    """The train.py options that give these configs: each value away from its default (the
+    vocabulary size comes from the dataset)."""
+    flags = []
+    for config in (model_cfg, cfg):
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            if f.name != "vocab_size" and value != f.default:
+                flags.append(f"--{f.name}={shown(value)}")
+    return flags
+
+
 def how_to_continue(out_dir: Path) -> str:
     if checkpoint.is_sweep(out_dir.parent):     # a run of a sweep
         return "the sweep's command, run again, continues it"
@@ -503,7 +515,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             metrics.trim(start_iter)
         write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
         with open(out_dir / "command.txt", "a") as f:
-            f.write(shlex.join([*launcher(world), "train.py", *(argv or [])]) + "\n")
+            given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
+            f.write(shlex.join([*launcher(world), "train.py", *given]) + "\n")
 
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import shlex
@@ -264,3 +265,10 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     worker.start()
     worker.join(timeout=120)
     assert results and results[0]["iters"] == 2 and results[0]["stopped_by"] is None
+    # called from Python, the run's command.txt is still a command that gives the same configs
+    command = shlex.split((tmp_path / "run" / "command.txt").read_text())
+    assert command[:2] == ["python", "train.py"]
+    again = configs_for_run(parse_argv(command[2:]).values)
+    ran = configs_for_run(values)
+    assert dataclasses.replace(again[0], vocab_size=1) == dataclasses.replace(ran[0], vocab_size=1)
+    assert again[1] == ran[1]
