@@ -193,7 +193,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
             write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": None})
         else:
             todo.append(r)
-    print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} already finished), "
+    print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}

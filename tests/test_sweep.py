@@ -295,7 +295,7 @@ def test_a_data_dir_axis_is_read_from_where_the_sweep_starts_and_restarts(data_d
     argv += ["--sweep", "data_dir=data"]                    # the relative path as an axis value
     assert train.main(argv) == 0
     assert train.main(argv) == 0
-    assert "1 runs (1 already finished)" in capsys.readouterr().out
+    assert "1 run (1 already finished)" in capsys.readouterr().out
 
 
 def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, capsys):
