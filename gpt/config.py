@@ -55,8 +55,6 @@ def check_types(obj) -> None:
 
 def _type_problem(cls, f, value) -> str | None:
     kind = _field_type(cls, f)
-    if value is None and f.default is None:
-        return None
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
         return f"{f.name}={value!r} is not {SPELLED.get(kind, kind.__name__)}"
     return None
