@@ -3,6 +3,7 @@
 The checkpoint carries the model's config and vocabulary, so nothing else is needed."""
 
 import sys
+from pathlib import Path
 
 try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
     from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
@@ -52,6 +53,10 @@ def sample(cfg: SampleConfig):
 
     device = resolve_device(cfg.device)
     name = {"latest": "ckpt.pt", "best": "ckpt_best.pt"}[cfg.ckpt]
+    run = Path(cfg.out_dir)
+    if cfg.ckpt == "best" and not (run / name).exists() and (run / "ckpt.pt").is_file():
+        raise UserError(f"{run / name} does not exist (no evaluation after the first has saved one "
+                        "yet); --ckpt=latest samples ckpt.pt")
     model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name)
     prompt = read_prompt(cfg.start)
     ids = tok.encode(prompt)

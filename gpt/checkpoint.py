@@ -111,7 +111,7 @@ def _problem(ckpt: dict, needs) -> str | None:
     for key, cls in (("model_config", GPTConfig), ("train_config", TrainConfig)):
         problem = saved_problem(cls, ckpt[key], model=cls is GPTConfig) if key in needs else None
         if problem:
-            return f"its {key} has {problem}" if problem.startswith("options") else f"its {key}: {problem}"
+            return f"its {key}: {problem}"
     if "meta" in needs and not valid_meta(ckpt["meta"]):
         return "its vocabulary (meta) is incomplete or malformed"
     return None
@@ -171,8 +171,5 @@ def load_weights(model: GPT, ckpt: dict) -> None:
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
     """(model in eval mode on device, tokenizer) of the run in out_dir."""
     from .data import tokenizer_from_meta
-    if name != "ckpt.pt" and not (Path(out_dir) / name).exists() and (Path(out_dir) / "ckpt.pt").is_file():
-        raise UserError(f"{Path(out_dir) / name} does not exist (no evaluation after the first has "
-                        "saved one yet); --ckpt=latest samples ckpt.pt")
     ckpt = load(Path(out_dir) / name, map_location=device)
     return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

@@ -524,7 +524,7 @@ def saved_problem(cls, saved, model: bool) -> str | None:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(k) for k in saved if k not in fields and k not in REPLACED)
     if model and unknown:
-        return f"options this version does not know ({', '.join(unknown)}); update the project"
+        return f"it has options this version does not know ({', '.join(unknown)}); update the project"
     known = {k: v for k, v in saved.items() if k in fields}
     problem = next(filter(None, (_type_problem(cls, fields[k], v) for k, v in known.items())), None)
     if problem:

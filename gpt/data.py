@@ -293,13 +293,13 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
     parser.add_argument("--out_dir", help=f"where the files go (default: {default_dir}, for "
                                            "Tiny Shakespeare only)")
     args = parser.parse_args(argv)
-    out_dir = Path(args.out_dir or default_dir)
     try:
         if args.out_dir == "":
             raise UserError("--out_dir is empty; give the folder the dataset goes into")
         if args.input and args.out_dir is None:     # it would pass for the shipped dataset from then on
             raise UserError(f"--input needs --out_dir: {default_dir} holds the shipped {dataset} "
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
+        out_dir = Path(args.out_dir) if args.out_dir is not None else default_dir
         if args.input:
             text = read_text(Path(args.input))
         else:

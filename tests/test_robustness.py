@@ -315,7 +315,7 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"edited/ckpt.pt cannot be used: its model_config: n_head='4' is not a whole number\n$"),
     ("a model option of a newer version", "sample",
      lambda d, t, g: [f"--out_dir={_edited(g, attention_sinks=4)}"],
-     r"cannot be used: its model_config has options this version does not know \(attention_sinks\); "
+     r"cannot be used: its model_config: it has options this version does not know \(attention_sinks\); "
      r"update the project\n$"),
     ("a model option out of range", "sample", lambda d, t, g: [f"--out_dir={_edited(g, pos_encoding='xyz')}"],
      r"edited/ckpt.pt cannot be used: its model_config: pos_encoding='xyz' is not allowed"),
