@@ -1,6 +1,6 @@
 """Measure this project beside nanoGPT on the same machine, in the same run.
 
-    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--compiled] [--json FILE]
+    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--compiled] [--medium] [--json FILE]
     python benchmarks/compare_nanogpt.py --whole_val out/NAME/ckpt.pt [...]
 
 PATH is a checkout of github.com/karpathy/nanoGPT (the figures in README.md used commit 3adf61e).
@@ -69,12 +69,14 @@ def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float
     return ms, wall, rss, rows
 
 
-def throughput(path: Path, rounds: int, iters: int, compiled: bool) -> dict:
+def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool) -> dict:
     """nanoGPT's recipe uncompiled, as its README runs it on a CPU; ours as it is and, with
-    compiled, also with --compile=true (its compilation, in the first step, is left out)."""
+    compiled, also with --compile=true (its compilation, in the first step, is left out), with
+    medium also with --matmul_precision=medium."""
     ours_args = ["--config", "shakespeare_char", *RECIPE, "--bias=false", f"--max_iters={iters}",
                  f"--eval_interval={iters}", "--threads=0"]
-    arms = {"ours": ours_args, **({"ours_compiled": [*ours_args, "--compile=true"]} if compiled else {})}
+    arms = {"ours": ours_args, **({"ours_compiled": [*ours_args, "--compile=true"]} if compiled else {}),
+            **({"ours_medium": [*ours_args, "--matmul_precision=medium"]} if medium else {})}
     ms_of = {"nanogpt": [], **{arm: [] for arm in arms}}
     rss_of = {name: [] for name in ms_of}
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,6 +184,8 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=300, help="iterations per throughput run")
     parser.add_argument("--compiled", action="store_true",
                         help="throughput: also time ours with --compile=true")
+    parser.add_argument("--medium", action="store_true",
+                        help="throughput: also time ours with --matmul_precision=medium")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
                                                    "throughput,quality,sampling")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -215,7 +219,7 @@ def main() -> int:
                      "(the first iterations are left out of the median)")
     result = {}
     if "throughput" not in skip:
-        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled)
+        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled, args.medium)
     if "quality" not in skip:
         result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:

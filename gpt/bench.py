@@ -4,8 +4,8 @@
 
 Training is timed through the real training loop (gpt.trainer.train) in a scratch folder: the
 median time of the steps after the first `bench_warmup`, evaluation excluded. MFU compares the
-model's FLOPs per second with a peak: on CPU the best float32 (or bfloat16) matmul rate measured
-here and now, on CUDA the GPU's datasheet dense bf16 rate when it is known.
+model's FLOPs per second with a peak: on CPU the best float32 (at the run's matmul_precision) or
+bfloat16 matmul rate measured here and now, on CUDA the GPU's datasheet dense bf16 rate when it is known.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
         for _ in range(5):
             a @ b
         best = min(best, (time.perf_counter() - t) / 5)
-    return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul"
+    precision = f" at {torch.get_float32_matmul_precision()} precision" if dtype == torch.float32 else ""
+    return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul{precision}"
 
 
 def peak_memory_mb(device: str) -> float:
@@ -137,6 +138,9 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
     diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
+    # timed as sample.py samples: at torch's default precision (medium made one-row CPU matmuls
+    # 2.4x slower: 381 against 926 tokens/s with the KV cache on the CPU recipe model)
+    torch.set_float32_matmul_precision("highest")
     result.update(
         diagnostics_ms=diag_ms,
         diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),

@@ -456,9 +456,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         keep_freed_memory()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
 
     folder = ensure_prepared(cfg.data_dir, cfg.dataset) if master else Path(cfg.data_dir) / cfg.dataset
     if world > 1:

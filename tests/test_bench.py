@@ -56,3 +56,26 @@ def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
     assert bench.main(["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16"]) == 130
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == "interrupted; nothing was measured\n"
+
+
+@pytest.mark.parametrize("precision", ["highest", "medium"])
+def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision(precision):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        assert bench.peak_flops("cpu", torch.float32)[1] == f"measured float32 matmul at {precision} precision"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert bench.peak_flops("cpu", torch.bfloat16)[1] == "measured bfloat16 matmul"
+
+
+def test_a_medium_precision_bench_samples_at_the_precision_sample_py_uses(data_dir, tmp_path, capsys):
+    before = torch.get_float32_matmul_precision()
+    try:
+        argv = tiny_args(data_dir, tmp_path / "unused", "--bench_iters=2", "--bench_warmup=1", "--json",
+                         "--matmul_precision=medium")
+        assert bench.main(argv) == 0
+        assert torch.get_float32_matmul_precision() == "highest"    # sampling was timed at it
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert json.loads(capsys.readouterr().out)["peak_source"].endswith("at medium precision")

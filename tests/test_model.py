@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt.config import GPTConfig, UserError
-from gpt.model import GPT, CausalSelfAttention, KVCache
+from gpt.model import GPT, CausalSelfAttention, KVCache, attention
 from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
@@ -594,3 +594,55 @@ def test_generate_refuses_bad_arguments_in_one_line(kwargs, message):
     args = {"idx": torch.zeros((1, 1), dtype=torch.long), "max_new_tokens": 3, **kwargs}
     with pytest.raises(UserError, match=message):
         tiny_model().generate(**args)
+
+
+@pytest.fixture
+def medium_precision():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "bias"])
+@pytest.mark.parametrize("grads", ["qkv", "q", "none"])
+def test_attention_at_medium_precision_equals_full_precision_sdpa(medium_precision, masked, grads):
+    # medium rounds a CPU's matmul inputs to bfloat16 where it has AMX, and SDPA's CPU kernel
+    # then slows 10x: attention runs at full precision, to the bit, forward and backward
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 16, requires_grad=name in grads) for name in "qkv")
+    bias = torch.randn(4, 32, 32) if masked else None
+    y = attention(q, k, v, bias, 0.0, not masked)
+    assert torch.get_float32_matmul_precision() == "medium"
+    torch.set_float32_matmul_precision("highest")
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=not masked)
+    wanted = [t for t in (q, k, v) if t.requires_grad]
+    expected_grads = torch.autograd.grad(expected.square().sum(), wanted) if wanted else []
+    torch.set_float32_matmul_precision("medium")
+    assert torch.equal(y, expected)
+    assert y.requires_grad == bool(wanted)
+    if wanted:
+        for got, want in zip(torch.autograd.grad(y.square().sum(), wanted), expected_grads, strict=True):
+            assert torch.equal(got, want)
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_attention_restores_medium_precision_when_sdpa_fails(medium_precision):
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+    with pytest.raises(RuntimeError):
+        attention(q, torch.randn(1, 2, 8, 5), torch.randn(1, 2, 8, 4), None, 0.0, True)
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_a_model_at_medium_precision_trains_as_at_full_precision(medium_precision):
+    # bfloat16-rounded matmul inputs: a small, not a systematic, change to loss and gradients
+    model = tiny_model(n_layer=2, n_embd=32)
+    idx = torch.randint(0, V, (4, BLOCK))
+    _, loss = model(idx, idx)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    torch.set_float32_matmul_precision("highest")
+    _, exact_loss = model(idx, idx)
+    exact_grads = torch.autograd.grad(exact_loss, list(model.parameters()))
+    assert loss.item() == pytest.approx(exact_loss.item(), rel=1e-2)
+    for got, want in zip(grads, exact_grads):
+        assert (got - want).norm() <= 0.05 * want.norm() + 1e-6

@@ -272,3 +272,17 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     ran = configs_for_run(values)
     assert dataclasses.replace(again[0], vocab_size=1) == dataclasses.replace(ran[0], vocab_size=1)
     assert again[1] == ran[1]
+
+
+@pytest.mark.parametrize("precision", ["medium", "highest"])
+def test_a_run_sets_the_float32_matmul_precision_it_was_given(data_dir, tmp_path, precision):
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2",
+                                    f"--matmul_precision={precision}")) == 0
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert checkpoint.load(tmp_path / "run" / "ckpt.pt")["train_config"]["matmul_precision"] == precision
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "run", "train"))
