@@ -646,3 +646,19 @@ def test_a_model_at_medium_precision_trains_as_at_full_precision(medium_precisio
     assert loss.item() == pytest.approx(exact_loss.item(), rel=1e-2)
     for got, want in zip(grads, exact_grads):
         assert (got - want).norm() <= 0.05 * want.norm() + 1e-6
+
+
+def test_dropout_acts_in_every_block_part_only_when_set():
+    idx = torch.randint(0, V, (2, BLOCK))
+    model = tiny_model(dropout=0.3).train()
+    parts = [model.transformer.drop, *(m for b in model.transformer.h for m in (b.attn.resid_dropout, b.mlp.dropout))]
+    assert all(isinstance(m, nn.Dropout) and m.p == 0.3 for m in parts)
+    torch.manual_seed(1)
+    a, _ = model(idx)
+    torch.manual_seed(2)
+    b, _ = model(idx)
+    assert not torch.allclose(a, b)
+    # without dropout or QK-norm the blocks hold no do-nothing modules: sampling pays per call
+    model = tiny_model(dropout=0.0).train()
+    assert not [m for b in model.transformer.h for m in b.modules() if isinstance(m, (nn.Dropout, nn.Identity))]
+    assert torch.equal(model(idx)[0], model.eval()(idx)[0])
