@@ -27,6 +27,7 @@ import torch
 from .config import GPTConfig, TrainConfig, UserError, check_types, build, help_text, opt, parse_argv
 from .console import output_may_close, to_json
 from .model import GPT
+from .precision import matmul_precision
 from .data import load_meta
 from .diagnostics import measure
 from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
@@ -75,8 +76,7 @@ def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
         for _ in range(5):
             a @ b
         best = min(best, (time.perf_counter() - t) / 5)
-    precision = f" at {torch.get_float32_matmul_precision()} precision" if dtype == torch.float32 else ""
-    return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul{precision}"
+    return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul"
 
 
 def peak_memory_mb(device: str) -> float:
@@ -134,13 +134,14 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     model = GPT(model_cfg).to(device).eval()
     n_params = model.num_params(non_embedding=True)
-    peak, peak_source = peak_flops(device, dtype)
+    with matmul_precision(train_cfg.matmul_precision):     # the rate the run's matmuls could reach
+        peak, peak_source = peak_flops(device, dtype)
+    if dtype == torch.float32 and torch.device(device).type == "cpu":
+        peak_source += f" at {train_cfg.matmul_precision} precision"
     achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
-    diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
-    # timed as sample.py samples: at torch's default precision (medium made one-row CPU matmuls
-    # 2.4x slower: 381 against 926 tokens/s with the KV cache on the CPU recipe model)
-    torch.set_float32_matmul_precision("highest")
+    with matmul_precision(train_cfg.matmul_precision):
+        diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
     result.update(
         diagnostics_ms=diag_ms,
         diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),

@@ -168,10 +168,10 @@ class TrainConfig:
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     dtype: str = opt("auto", "auto: bfloat16 autocast on CUDA when supported, else float32",
                      ("auto", "float32", "bfloat16"))
-    matmul_precision: str = opt("high", "float32 matmuls, as torch.set_float32_matmul_precision: "
-                                "highest is exact float32; high lets CUDA use TF32; medium also lets a "
-                                "CPU with AMX round their inputs to bfloat16 (sums stay float32): "
-                                "1.25-1.6x faster steps there", ("highest", "high", "medium"))
+    matmul_precision: str = opt("high", "float32 matmuls while training: highest is exact; high lets "
+                                "CUDA use TF32 (a CPU stays exact); medium also lets a CPU with AMX "
+                                "round their inputs to bfloat16, summing in float32: 1.25-1.5x faster "
+                                "steps there", ("highest", "high", "medium"))
     compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
     threads: int = opt(0, "CPU threads for torch; 0 keeps torch's default")
     flush_denormal: bool = opt(True, "CPU: treat subnormal floats as zero; saturated attention makes "

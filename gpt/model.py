@@ -19,6 +19,7 @@ from torch import nn
 
 from .config import GPTConfig, UserError
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
+from .precision import cpu_rounds_matmuls, exact_cpu_matmuls
 
 # What one sub-layer f (attention or MLP) with its norms computes, by (norm_placement, residual):
 #   pre,      residual:  x + f(norm(x))        GPT-2 and later; the model also applies ln_f before the head
@@ -81,21 +82,21 @@ class KVCache:
         self.pos = 0
 
 
-class _FullPrecisionAttention(torch.autograd.Function):
-    """F.scaled_dot_product_attention, forward and backward, at full float32 matmul precision.
+class _ExactAttention(torch.autograd.Function):
+    """F.scaled_dot_product_attention, forward and backward, with exact float32 CPU matmuls.
 
-    Under torch.set_float32_matmul_precision("medium") a CPU with AMX rounds float32 matmul
-    inputs to bfloat16, which makes the linear layers about 2x faster, but SDPA's CPU kernel
-    sends its many small block products down the same path and gets about 10x slower (0.9 against
-    9.9 ms forward and backward for a layer of the CPU recipe). So attention runs with the
-    precision set back to "highest": its own small graph, built in forward, is kept for backward.
-    The setting is process-wide, so another thread's matmuls would run at full precision meanwhile.
+    With matmul_precision=medium a CPU with AMX rounds float32 matmul inputs to bfloat16, which
+    makes the linear layers about 2x faster, but SDPA's CPU kernel sends its many small block
+    products down the same path and gets about 10x slower (0.9 against 9.9 ms forward and
+    backward for a layer of the CPU recipe). So attention builds its own small graph with exact
+    matmuls in forward and goes back through it, again exact, in backward. The setting is
+    process-wide: another thread's matmuls would be exact meanwhile.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, attn_mask, dropout_p, is_causal):
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
-        with torch.enable_grad(), _full_precision():
+        with torch.enable_grad(), exact_cpu_matmuls():
             y = F.scaled_dot_product_attention(*inputs, attn_mask=attn_mask, dropout_p=dropout_p,
                                                is_causal=is_causal)
         ctx.graph = (inputs, y)
@@ -103,24 +104,21 @@ class _FullPrecisionAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        inputs, y = ctx.graph
+        if ctx.graph is None:
+            raise RuntimeError("attention at matmul_precision=medium goes backward once; for "
+                               "retain_graph use matmul_precision=high")
+        (inputs, y), ctx.graph = ctx.graph, None    # freed now, not with the loss a step later
         wanted = [t for t in inputs if t.requires_grad]
-        with _full_precision():
+        with exact_cpu_matmuls():
             grads = iter(torch.autograd.grad(y, wanted, grad_y))
         return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None)
 
 
-class _full_precision:
-    def __enter__(self):
-        torch.set_float32_matmul_precision("highest")
-
-    def __exit__(self, *exc):
-        torch.set_float32_matmul_precision("medium")
-
-
 def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Tensor:
-    if q.device.type == "cpu" and q.dtype == torch.float32 and torch.get_float32_matmul_precision() == "medium":
-        return _FullPrecisionAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
+    # torch.compile cannot trace the check; it makes its own attention kernels anyway
+    if (not torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.float32
+            and cpu_rounds_matmuls()):
+        return _ExactAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal)
 
@@ -179,7 +177,7 @@ class CausalSelfAttention(nn.Module):
         bias = None if fast_causal else self._bias(start, T, x.device)
         y = attention(q, k, v, None if bias is None else bias.to(q.dtype), dropout, fast_causal)
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
-            with torch.no_grad():
+            with torch.no_grad(), exact_cpu_matmuls():
                 bias = self._bias(start, T, x.device) if fast_causal else bias
                 scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
                 self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)

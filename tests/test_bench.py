@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_args
 from gpt import bench
 from gpt.config import GPTConfig
+from gpt.precision import cpu_rounds_matmuls
 
 
 def test_flops_per_token_is_six_per_weight_plus_attention():
@@ -58,24 +59,15 @@ def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
     assert captured.out == "" and captured.err == "interrupted; nothing was measured\n"
 
 
-@pytest.mark.parametrize("precision", ["highest", "medium"])
-def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision(precision):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(precision)
-    try:
-        assert bench.peak_flops("cpu", torch.float32)[1] == f"measured float32 matmul at {precision} precision"
-    finally:
-        torch.set_float32_matmul_precision(before)
-    assert bench.peak_flops("cpu", torch.bfloat16)[1] == "measured bfloat16 matmul"
-
-
-def test_a_medium_precision_bench_samples_at_the_precision_sample_py_uses(data_dir, tmp_path, capsys):
-    before = torch.get_float32_matmul_precision()
-    try:
-        argv = tiny_args(data_dir, tmp_path / "unused", "--bench_iters=2", "--bench_warmup=1", "--json",
-                         "--matmul_precision=medium")
-        assert bench.main(argv) == 0
-        assert torch.get_float32_matmul_precision() == "highest"    # sampling was timed at it
-    finally:
-        torch.set_float32_matmul_precision(before)
-    assert json.loads(capsys.readouterr().out)["peak_source"].endswith("at medium precision")
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision_and_sampling_at_the_callers(
+        data_dir, tmp_path, capsys, monkeypatch, precision):
+    rates, sampled_at = [], []
+    monkeypatch.setattr(bench, "peak_flops", lambda *a: rates.append(cpu_rounds_matmuls()) or (1e12, "measured float32 matmul"))
+    sampling = bench.time_sampling
+    monkeypatch.setattr(bench, "time_sampling", lambda *a: sampled_at.append(cpu_rounds_matmuls()) or sampling(*a))
+    argv = tiny_args(data_dir, tmp_path / "unused", "--bench_iters=2", "--bench_warmup=1", "--json",
+                     f"--matmul_precision={precision}")
+    assert bench.main(argv) == 0
+    assert rates == [precision == "medium"] and set(sampled_at) == {False}     # as sample.py samples
+    assert json.loads(capsys.readouterr().out)["peak_source"] == f"measured float32 matmul at {precision} precision"

@@ -13,7 +13,9 @@ import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
 from gpt.config import GPTConfig, TrainConfig, shown
-from gpt.model import GPT
+from gpt import model as model_module
+from gpt.model import GPT, attention
+from gpt.precision import cpu_rounds_matmuls, matmul_precision
 from gpt.trainer import lr_at, make_optimizer, read_jsonl
 
 
@@ -274,15 +276,15 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     assert again[1] == ran[1]
 
 
-@pytest.mark.parametrize("precision", ["medium", "highest"])
-def test_a_run_sets_the_float32_matmul_precision_it_was_given(data_dir, tmp_path, precision):
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
+@pytest.mark.parametrize("precision, rounds", [("medium", True), ("highest", False)])
+def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch,
+                                                                           precision, rounds):
+    seen = []
+    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(cpu_rounds_matmuls()) or attention(*a))
+    with matmul_precision("high"):
         assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2",
                                     f"--matmul_precision={precision}")) == 0
-        assert torch.get_float32_matmul_precision() == precision
-    finally:
-        torch.set_float32_matmul_precision(before)
+        assert not cpu_rounds_matmuls() and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert seen and set(seen) == {rounds}
     assert checkpoint.load(tmp_path / "run" / "ckpt.pt")["train_config"]["matmul_precision"] == precision
     assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "run", "train"))
