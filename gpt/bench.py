@@ -134,13 +134,13 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     model = GPT(model_cfg).to(device).eval()
     n_params = model.num_params(non_embedding=True)
-    with matmul_precision(train_cfg.matmul_precision):     # the rate the run's matmuls could reach
+    with matmul_precision(train_cfg.matmul_precision, torch.device(device).type):     # the rate the run's matmuls could reach
         peak, peak_source = peak_flops(device, dtype)
     if dtype == torch.float32 and torch.device(device).type == "cpu":
         peak_source += f" at {train_cfg.matmul_precision} precision"
     achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
-    with matmul_precision(train_cfg.matmul_precision):
+    with matmul_precision(train_cfg.matmul_precision, torch.device(device).type):
         diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
     result.update(
         diagnostics_ms=diag_ms,

@@ -1,14 +1,14 @@
 """Float32 matmul precision, the `matmul_precision` training option.
 
-The levels are torch's (torch.set_float32_matmul_precision), but set per backend, so that the
-default leaves a CPU's arithmetic exact as it always was:
+The levels are torch's (torch.set_float32_matmul_precision), with one change: on a CPU `high`
+is exact, as a CPU run's arithmetic always was here, so only `medium` rounds there:
 
-    highest  exact float32 everywhere
+    highest  exact float32
     high     a CUDA GPU may use TF32 (nanoGPT's GPU setting); a CPU stays exact
-    medium   also a CPU with AMX rounds matmul inputs to bfloat16, summing in float32
+    medium   a CPU with AMX rounds matmul inputs to bfloat16, summing in float32 (CUDA: TF32)
 
-Only the per-backend settings of torch >= 2.9 are used: reading torch's legacy getter after
-they are set raises, so code here never calls it.
+The level is set through torch's process-wide setter, which torch.compile's own code reads back;
+attention's exact CPU matmuls flip only the CPU backend's setting, which keeps that reading valid.
 """
 
 from __future__ import annotations
@@ -17,27 +17,26 @@ import contextlib
 
 import torch
 
-LEVELS = {"highest": ("ieee", "ieee"), "high": ("tf32", "ieee"), "medium": ("tf32", "bf16")}  # (CUDA, CPU)
-
 
 def _settings() -> tuple[str, str]:
     return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
 
 
-def _apply(cuda: str, cpu: str) -> None:
-    torch.backends.cuda.matmul.fp32_precision = cuda
-    torch.backends.mkldnn.matmul.fp32_precision = cpu
-
-
 @contextlib.contextmanager
-def matmul_precision(level: str):
+def matmul_precision(level: str, device_type: str):
     """Float32 matmuls at `level` inside the block, as they were after it."""
-    before = _settings()
-    _apply(*LEVELS[level])
+    try:
+        before = torch.get_float32_matmul_precision()
+    except RuntimeError:        # the caller set torch's per-backend settings, which it cannot name
+        before = _settings()
+    torch.set_float32_matmul_precision("highest" if device_type == "cpu" and level == "high" else level)
     try:
         yield
     finally:
-        _apply(*before)
+        if isinstance(before, str):
+            torch.set_float32_matmul_precision(before)
+        else:
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = before
 
 
 def cpu_rounds_matmuls() -> bool:

@@ -28,7 +28,8 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import DIVERGED_EXIT, SWEEP_PID, catch_signals, read_jsonl, write_json
+from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, read_jsonl, resolve_device,
+                      write_json)
 
 
 @dataclass
@@ -93,9 +94,12 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
                             f"and {setting_label(r.setting)}); give values that differ by more than case "
                             "or path spelling")
         seen[key] = r
-    return [(build(GPTConfig, {**values, **_setting(r)}),
-             build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
-            for r in runs]
+    configs = [(build(GPTConfig, {**values, **_setting(r)}),
+                build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
+               for r in runs]
+    for _, train_cfg in configs:
+        check_compile(train_cfg, resolve_device(train_cfg.device))
+    return configs
 
 
 # what may differ between a run's starts without changing what is compared: where and how fast it

@@ -599,7 +599,7 @@ def test_generate_refuses_bad_arguments_in_one_line(kwargs, message):
 
 @pytest.fixture
 def medium():
-    with matmul_precision("medium"):
+    with matmul_precision("medium", "cpu"):
         yield
 
 
@@ -638,7 +638,7 @@ def test_attention_at_medium_precision_equals_exact_sdpa(medium, masked, grads):
 def test_attention_backward_leaves_the_precision_it_found_and_frees_its_graph(medium):
     q = torch.randn(1, 2, 8, 4, requires_grad=True)
     y = attention(q, q, q, None, 0.0, True)
-    with matmul_precision("high"):      # a caller that changed it between forward and backward
+    with matmul_precision("highest", "cpu"):   # a caller that changed it between forward and backward
         y.sum().backward(retain_graph=True)
         assert not cpu_rounds_matmuls()
     assert y.grad_fn.graph is None      # held until the loss is dropped, it cost 0.5 GB at batch 64
@@ -651,6 +651,31 @@ def test_attention_leaves_the_precision_it_found_when_sdpa_fails(medium):
     with pytest.raises(RuntimeError):
         attention(q, torch.randn(1, 2, 8, 5), torch.randn(1, 2, 8, 4), None, 0.0, True)
     assert cpu_rounds_matmuls()
+
+
+def test_a_run_puts_back_per_backend_settings_it_found():
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"      # torch's getter cannot name this mix
+    try:
+        with matmul_precision("medium", "cpu"):
+            assert cpu_rounds_matmuls()
+        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision) == \
+            ("tf32", before[1])
+    finally:
+        torch.set_float32_matmul_precision("highest")
+
+
+def test_medium_changes_a_models_loss_and_gradients_by_rounding_only(medium):
+    model = tiny_model(n_layer=2, n_embd=32)
+    idx = torch.randint(0, V, (4, BLOCK))
+    _, loss = model(idx, idx)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    with exact_cpu_matmuls():
+        _, exact_loss = model(idx, idx)
+        exact_grads = torch.autograd.grad(exact_loss, list(model.parameters()))
+    assert loss.item() == pytest.approx(exact_loss.item(), rel=1e-2)
+    for got, want in zip(grads, exact_grads):
+        assert (got - want).norm() <= 0.05 * want.norm() + 1e-6
 
 
 def test_the_model_runs_after_torchs_own_precision_settings_are_used():

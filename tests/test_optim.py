@@ -129,11 +129,14 @@ def test_state_of_another_model_is_refused():
         make_optimizer(with_bias, cfg).load_state_dict(state)
 
 
-def test_training_does_not_import_the_compiler(data_dir, tmp_path):
-    """torch._dynamo costs 1.7 s and 57 MB at start-up; only --compile should bring it in."""
-    args = tiny_args(data_dir, tmp_path / "run", "--max_iters=3", "--eval_interval=3")
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_training_does_not_import_the_compiler_or_sympy(data_dir, tmp_path, precision):
+    """torch._dynamo costs 1.7 s and 57 MB at start-up, sympy 0.3 s and 35 MB; only --compile
+    should bring them in (medium's exact attention once imported sympy in its backward)."""
+    args = tiny_args(data_dir, tmp_path / "run", "--max_iters=3", "--eval_interval=3",
+                     f"--matmul_precision={precision}")
     code = (f"import sys, train; assert train.main({args!r}) == 0; "
-            "print('dynamo' if 'torch._dynamo' in sys.modules else 'clean')")
+            "print([m for m in ('torch._dynamo', 'sympy') if m in sys.modules] or 'clean')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "clean"

@@ -32,6 +32,10 @@ def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys)
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_head=2,3")) == 2
     assert "n_embd=16 is not divisible by n_head=3" in capsys.readouterr().err
     assert not out.exists()
+    # a point refused only once its device is known: compile with medium on a CPU
+    assert train.main(tiny_args(data_dir, out, "--matmul_precision=medium", "--sweep", "compile=false,true")) == 2
+    assert "compile=true with matmul_precision=medium made CPU steps 2x slower" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys):

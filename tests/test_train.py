@@ -12,11 +12,11 @@ import sample
 import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
-from gpt.config import GPTConfig, TrainConfig, shown
+from gpt.config import GPTConfig, TrainConfig, UserError, shown
 from gpt import model as model_module
 from gpt.model import GPT, attention
 from gpt.precision import cpu_rounds_matmuls, matmul_precision
-from gpt.trainer import lr_at, make_optimizer, read_jsonl
+from gpt.trainer import check_compile, lr_at, make_optimizer, read_jsonl
 
 
 def read_metrics(out_dir, kind):
@@ -280,11 +280,26 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
 def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch,
                                                                            precision, rounds):
     seen = []
-    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(cpu_rounds_matmuls()) or attention(*a))
-    with matmul_precision("high"):
+    # torch.compile's own code reads the level back through torch's getter: it must not raise
+    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(
+        (cpu_rounds_matmuls(), torch.get_float32_matmul_precision())) or attention(*a))
+    with matmul_precision("medium", "cuda"):      # a caller's own level: CUDA and a CPU rounded
         assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2",
                                     f"--matmul_precision={precision}")) == 0
-        assert not cpu_rounds_matmuls() and torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert seen and set(seen) == {rounds}
+        assert torch.get_float32_matmul_precision() == "medium" and cpu_rounds_matmuls()
+    assert seen and set(seen) == {(rounds, "medium" if rounds else "highest")}
     assert checkpoint.load(tmp_path / "run" / "ckpt.pt")["train_config"]["matmul_precision"] == precision
     assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "run", "train"))
+
+
+def test_compile_with_medium_is_refused_only_where_attention_would_round():
+    def refused(**settings):
+        try:
+            check_compile(TrainConfig(compile=True, **settings), "cpu" if "device" not in settings else settings["device"])
+        except UserError:
+            return True
+        return False
+    assert refused(matmul_precision="medium")
+    assert not refused(matmul_precision="high")
+    assert not refused(matmul_precision="medium", dtype="bfloat16")    # attention gets bfloat16 anyway
+    assert not refused(matmul_precision="medium", device="cuda")
