@@ -170,7 +170,7 @@ class TrainConfig:
                      ("auto", "float32", "bfloat16"))
     matmul_precision: str = opt("high", "float32 matmuls while training: highest is exact; high lets "
                                 "CUDA use TF32 (a CPU stays exact); medium also lets a CPU with AMX "
-                                "round their inputs to bfloat16, summing in float32: 1.25-1.5x faster "
+                                "round their inputs to bfloat16, summing in float32: 1.2-1.5x faster "
                                 "steps there", ("highest", "high", "medium"))
     compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
     threads: int = opt(0, "CPU threads for torch; 0 keeps torch's default")
