@@ -5,7 +5,8 @@
 Training is timed through the real training loop (gpt.trainer.train) in a scratch folder: the
 median time of the steps after the first `bench_warmup`, evaluation excluded. MFU compares the
 model's FLOPs per second with a peak: on CPU the best float32 (at the run's matmul_precision) or
-bfloat16 matmul rate measured here and now, on CUDA the GPU's datasheet dense bf16 rate when it is known.
+bfloat16 matmul rate measured here and now, on CUDA the GPU's datasheet dense bf16 rate when it
+is known. Sampling is timed at the caller's precision, as sample.py samples.
 """
 
 from __future__ import annotations
@@ -134,14 +135,14 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     model = GPT(model_cfg).to(device).eval()
     n_params = model.num_params(non_embedding=True)
-    with matmul_precision(train_cfg.matmul_precision, torch.device(device).type):     # the rate the run's matmuls could reach
+    device_type = torch.device(device).type
+    with matmul_precision(train_cfg.matmul_precision, device_type):  # as the run's matmuls ran
         peak, peak_source = peak_flops(device, dtype)
-    if dtype == torch.float32 and torch.device(device).type == "cpu":
+        diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
+    if dtype == torch.float32 and device_type == "cpu":
         peak_source += f" at {train_cfg.matmul_precision} precision"
     achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
-    with matmul_precision(train_cfg.matmul_precision, torch.device(device).type):
-        diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
     result.update(
         diagnostics_ms=diag_ms,
         diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),
