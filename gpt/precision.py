@@ -18,25 +18,21 @@ import contextlib
 import torch
 
 
-def _settings() -> tuple[str, str]:
-    return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
-
-
 @contextlib.contextmanager
 def matmul_precision(level: str, device_type: str):
-    """Float32 matmuls at `level` inside the block, as they were after it."""
+    """Float32 matmuls at `level` inside the block, and every setting as it was after it: torch
+    keeps one level and a setting per backend, which callers may have set apart."""
     try:
         before = torch.get_float32_matmul_precision()
-    except RuntimeError:        # the caller set torch's per-backend settings, which it cannot name
-        before = _settings()
+    except RuntimeError:        # the backends' settings contradict the level; they are put back below
+        before = "highest"
+    backends = torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
     torch.set_float32_matmul_precision("highest" if device_type == "cpu" and level == "high" else level)
     try:
         yield
     finally:
-        if isinstance(before, str):
-            torch.set_float32_matmul_precision(before)
-        else:
-            torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = before
+        torch.set_float32_matmul_precision(before)
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = backends
 
 
 def cpu_rounds_matmuls() -> bool:

@@ -118,9 +118,10 @@ def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def check_compile(cfg: TrainConfig, device: str) -> None:
-    if (cfg.compile and cfg.matmul_precision == "medium" and device == "cpu"
-            and autocast_dtype(cfg, "cpu") == torch.float32):
+def check_compile(cfg: TrainConfig, device: str | None = None) -> None:
+    """Refuse compile with medium on a float32 CPU run; device is resolved from cfg if not given."""
+    if (cfg.compile and cfg.matmul_precision == "medium" and autocast_dtype(cfg, "cpu") == torch.float32
+            and (device or resolve_device(cfg.device)) == "cpu"):
         raise UserError("compile=true with matmul_precision=medium made CPU steps 2x slower (55 against "
                         "25 ms on the CPU recipe), since compiled attention cannot keep its matmuls "
                         "exact; use one of the two")

@@ -646,6 +646,16 @@ def test_attention_backward_leaves_the_precision_it_found_and_frees_its_graph(me
         y.sum().backward()
 
 
+def test_attention_goes_backward_inside_inference_mode(medium):
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+    loss = attention(q, q, q, None, 0.0, True).sum()
+    with torch.inference_mode():
+        (grad,) = torch.autograd.grad(loss, q)
+    with exact_cpu_matmuls():
+        (expected,) = torch.autograd.grad(F.scaled_dot_product_attention(q, q, q, is_causal=True).sum(), q)
+    assert torch.equal(grad, expected)
+
+
 def test_attention_leaves_the_precision_it_found_when_sdpa_fails(medium):
     q = torch.randn(1, 2, 8, 4, requires_grad=True)
     with pytest.raises(RuntimeError):
@@ -653,16 +663,45 @@ def test_attention_leaves_the_precision_it_found_when_sdpa_fails(medium):
     assert cpu_rounds_matmuls()
 
 
-def test_a_run_puts_back_per_backend_settings_it_found():
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
-    torch.backends.cuda.matmul.fp32_precision = "tf32"      # torch's getter cannot name this mix
+def _precision_state():
+    def read(get):
+        try:
+            return get()
+        except RuntimeError:        # torch's level getters raise when the backends contradict it
+            return "raises"
+    return (read(torch.get_float32_matmul_precision), read(lambda: torch.backends.cuda.matmul.allow_tf32),
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+
+
+CALLER_SETTINGS = {
+    "nothing": [],
+    "level high": [("level", "high")],
+    "level medium": [("level", "medium")],
+    "medium, CPU exact": [("level", "medium"), ("mkldnn", "ieee")],
+    "high, CPU exact": [("level", "high"), ("mkldnn", "ieee")],
+    "medium, CUDA exact": [("level", "medium"), ("cuda", "ieee")],
+    "CUDA tf32 only": [("cuda", "tf32")],
+    "CPU bf16 only": [("mkldnn", "bf16")],
+}
+
+
+@pytest.mark.parametrize("caller", CALLER_SETTINGS)
+def test_runs_put_back_every_precision_setting_they_found(caller):
     try:
-        with matmul_precision("medium", "cpu"):
-            assert cpu_rounds_matmuls()
-        assert (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision) == \
-            ("tf32", before[1])
-    finally:
+        for what, value in CALLER_SETTINGS[caller]:
+            if what == "level":
+                torch.set_float32_matmul_precision(value)
+            else:
+                getattr(torch.backends, what).matmul.fp32_precision = value
+        found = _precision_state()
+        for level in ("highest", "high", "medium", "medium"):
+            for device_type in ("cpu", "cuda"):
+                with matmul_precision(level, device_type):
+                    assert cpu_rounds_matmuls() == (level == "medium")
+                assert _precision_state() == found
+    finally:        # torch's own start: level highest, no backend set
         torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
 
 
 def test_medium_changes_a_models_loss_and_gradients_by_rounding_only(medium):

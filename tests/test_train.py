@@ -303,3 +303,6 @@ def test_compile_with_medium_is_refused_only_where_attention_would_round():
     assert not refused(matmul_precision="high")
     assert not refused(matmul_precision="medium", dtype="bfloat16")    # attention gets bfloat16 anyway
     assert not refused(matmul_precision="medium", device="cuda")
+    # the device is resolved only when the answer depends on it: a finished sweep's runs on
+    # device=cuda still report on a machine without CUDA
+    check_compile(TrainConfig(device="cuda", compile=True))
