@@ -59,7 +59,11 @@ def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
     return 6 * n_params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
 
 
-def gpu_peak(name: str, dtype: torch.dtype) -> tuple[float, str]:
+def gpu_peak(name: str, dtype: torch.dtype, tf32: bool = True) -> tuple[float, str]:
+    """The datasheet rate for bfloat16, or for float32 on TF32 tensor cores (half of it); plain
+    float32 (matmul_precision=highest) runs off the tensor cores, at a rate not tabled here."""
+    if dtype == torch.float32 and not tf32:
+        return float("nan"), f"{name}: float32 without TF32, peak not tabled"
     for key, value in GPU_PEAK_BF16.items():
         if re.search(rf"(?<![A-Za-z0-9]){key}(?![A-Za-z0-9])", name):
             return (value if dtype == torch.bfloat16 else value / 2), f"{name} datasheet"
@@ -68,7 +72,8 @@ def gpu_peak(name: str, dtype: torch.dtype) -> tuple[float, str]:
 
 def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
     if torch.device(device).type == "cuda":
-        return gpu_peak(torch.cuda.get_device_name(device), dtype)
+        return gpu_peak(torch.cuda.get_device_name(device), dtype,
+                        tf32=torch.backends.cuda.matmul.fp32_precision == "tf32")
     n = 1024
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     best = float("inf")

@@ -39,6 +39,9 @@ def test_gpu_peaks_match_whole_model_names():
     assert bench.gpu_peak("NVIDIA L4", bf16)[0] == 121e12
     assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", bf16)[0] == 312e12
     assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", torch.float32)[0] == 156e12
+    peak, label = bench.gpu_peak("NVIDIA A100-SXM4-80GB", torch.float32, tf32=False)   # at highest
+    assert math.isnan(peak) and label == "NVIDIA A100-SXM4-80GB: float32 without TF32, peak not tabled"
+    assert bench.gpu_peak("NVIDIA A100-SXM4-80GB", bf16, tf32=False)[0] == 312e12
     assert bench.gpu_peak("NVIDIA H100 PCIe", bf16)[0] == 756e12
     assert bench.gpu_peak("NVIDIA H100 NVL", bf16)[0] == 835e12
     assert bench.gpu_peak("NVIDIA H100 80GB HBM3", bf16)[0] == 989e12
