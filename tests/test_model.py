@@ -750,3 +750,14 @@ def test_dropout_acts_in_every_block_part_only_when_set():
     model = tiny_model(dropout=0.0).train()
     assert not [m for b in model.transformer.h for m in b.modules() if isinstance(m, (nn.Dropout, nn.Identity))]
     assert torch.equal(model(idx)[0], model.eval()(idx)[0])
+
+
+def test_generated_text_can_be_trained_on():
+    # tokens are chosen under inference_mode; what generate returns must be an ordinary tensor,
+    # which a training step may save for backward and a caller may change in place
+    model = tiny_model()
+    out = model.generate(torch.zeros(2, 1, dtype=torch.long), 6)
+    out[:, 0] = 1
+    _, loss = model.train()(out[:, :-1], out[:, 1:])
+    loss.backward()
+    assert model.transformer.wte.weight.grad is not None
