@@ -574,28 +574,19 @@ def test_training_into_an_unwritable_stdout_trains_to_the_end(sink, buffered, da
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 100
 
 
-def test_a_terminated_sweep_stops_its_runs_and_exits_as_sigterm(data_dir, tmp_path):
+# a kill, or a closed terminal (SIGHUP): the sweep stops, its runs save, and it exits as that signal
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signalled_sweep_stops_its_runs_and_exits_as_the_signal(data_dir, tmp_path, sig):
     out = tmp_path / "sw"
     proc = spawn(tiny_args(data_dir, out, "--max_iters=100000", "--eval_interval=10", "--sweep", "n_layer=1,2"))
     wait_for_iter(out / "n_layer=1__seed=1337", 15, proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143, err
+    assert proc.returncode == 128 + sig, err
     assert err.endswith("sweep interrupted; run the same command again to continue\n")
     assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
     # the run's own log gives the sweep's advice, not a --resume of its folder
     assert "the sweep's command, run again, continues it" in (out / "n_layer=1__seed=1337" / "log.txt").read_text()
-
-
-def test_a_closed_terminal_stops_a_sweep_and_its_runs_save(data_dir, tmp_path):
-    out = tmp_path / "sw"
-    proc = spawn(tiny_args(data_dir, out, "--max_iters=100000", "--eval_interval=10", "--sweep", "n_layer=1,2"))
-    wait_for_iter(out / "n_layer=1__seed=1337", 15, proc)
-    proc.send_signal(signal.SIGHUP)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGHUP, err
-    assert err.endswith("sweep interrupted; run the same command again to continue\n")
-    assert checkpoint.load(out / "n_layer=1__seed=1337" / "ckpt.pt")["iter"] > 0
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
