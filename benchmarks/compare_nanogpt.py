@@ -89,10 +89,11 @@ def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool
                 ms_of[arm].append(statistics.median(ms))
                 rss_of[arm].append(rss)
     med = {name: statistics.median(values) for name, values in ms_of.items()}
-    result = {"nanogpt_ms_per_iter": med["nanogpt"], "nanogpt_tokens_per_sec": 12 * 64 / med["nanogpt"] * 1000,
+    tokens = 12 * 64        # the recipe's batch x block
+    result = {"nanogpt_ms_per_iter": med["nanogpt"], "nanogpt_tokens_per_sec": tokens / med["nanogpt"] * 1000,
               "nanogpt_peak_rss_mb": max(rss_of["nanogpt"]), "rounds_ms": ms_of}
     for arm in arms:
-        result.update({f"{arm}_ms_per_iter": med[arm], f"{arm}_tokens_per_sec": 12 * 64 / med[arm] * 1000,
+        result.update({f"{arm}_ms_per_iter": med[arm], f"{arm}_tokens_per_sec": tokens / med[arm] * 1000,
                        f"{arm}_peak_rss_mb": max(rss_of[arm]),
                        f"throughput_ratio{arm.removeprefix('ours')}": med["nanogpt"] / med[arm]})
     return result
