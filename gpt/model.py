@@ -21,21 +21,35 @@ from .config import GPTConfig, UserError
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 from .precision import cpu_rounds_matmuls, exact_cpu_matmuls
 
-# What one sub-layer f (attention or MLP) with its norms computes, by (norm_placement, residual):
-#   pre,      residual:  x + f(norm(x))        GPT-2 and later; the model also applies ln_f before the head
-#   pre,      no res.:   f(norm(x))
-#   post,     residual:  norm(x + f(x))        the 2017 Transformer; no ln_f, the output is already normed
-#   post,     no res.:   norm(f(x))
-#   sandwich, residual:  x + out(f(norm(x)))   pre-norm plus a norm on the branch's output, so what
-#   sandwich, no res.:   out(f(norm(x)))       each sub-layer adds has a fixed scale; ln_f as in pre
-SUBLAYER = {
-    ("pre", True): lambda x, f, norm, out: x + f(norm(x)),
-    ("pre", False): lambda x, f, norm, out: f(norm(x)),
-    ("post", True): lambda x, f, norm, out: norm(x + f(x)),
-    ("post", False): lambda x, f, norm, out: norm(f(x)),
-    ("sandwich", True): lambda x, f, norm, out: x + out(f(norm(x))),
-    ("sandwich", False): lambda x, f, norm, out: out(f(norm(x))),
-}
+# What one sub-layer f (attention or MLP) with its norms computes, by (norm_placement, residual).
+# Plain functions rather than lambdas, so that a whole model pickles (torch.save(model)).
+def pre_res(x, f, norm, out):       # GPT-2 and later; the model also applies ln_f before the head
+    return x + f(norm(x))
+
+
+def pre_nores(x, f, norm, out):
+    return f(norm(x))
+
+
+def post_res(x, f, norm, out):      # the 2017 Transformer; no ln_f, the output is already normed
+    return norm(x + f(x))
+
+
+def post_nores(x, f, norm, out):
+    return norm(f(x))
+
+
+def sandwich_res(x, f, norm, out):  # pre-norm plus a norm on the branch's output, so what each
+    return x + out(f(norm(x)))      # sub-layer adds has a fixed scale; ln_f as in pre
+
+
+def sandwich_nores(x, f, norm, out):
+    return out(f(norm(x)))
+
+
+SUBLAYER = {("pre", True): pre_res, ("pre", False): pre_nores, ("post", True): post_res,
+            ("post", False): post_nores, ("sandwich", True): sandwich_res,
+            ("sandwich", False): sandwich_nores}
 
 
 class Gated(nn.Module):

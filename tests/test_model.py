@@ -1,3 +1,4 @@
+import io
 import itertools
 import json
 import math
@@ -761,3 +762,17 @@ def test_generated_text_can_be_trained_on():
     _, loss = model.train()(out[:, :-1], out[:, 1:])
     loss.backward()
     assert model.transformer.wte.weight.grad is not None
+
+
+@pytest.mark.parametrize("flags", [dict(norm_placement=p, residual=r) for p in PLACEMENTS for r in (True, False)]
+                         + [dict(parallel=True, activation="swiglu", pos_encoding="rope", qk_norm=True, dropout=0.1)],
+                         ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_a_whole_model_pickles_and_computes_the_same_after(flags):
+    model = tiny_model(**flags)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    idx = torch.randint(0, V, (2, BLOCK))
+    with torch.no_grad():
+        assert torch.equal(loaded(idx)[0], model(idx)[0])
