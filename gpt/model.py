@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -409,14 +410,7 @@ class GPT(nn.Module):
         config = gpt2_config(folder / "config.json")
         if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
             raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin to load")
-        if (folder / "model.safetensors").exists():
-            try:
-                from safetensors.torch import load_file
-            except ImportError:
-                raise UserError("reading model.safetensors needs: pip install safetensors") from None
-            weights = load_file(folder / "model.safetensors")
-        else:
-            weights = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        file, weights = read_weights(folder)
         model = cls(config)
         state = {}
         for key, value in weights.items():
@@ -427,9 +421,43 @@ class GPT(nn.Module):
                              "mlp.c_proj.weight")):
                 value = value.t()       # GPT-2's Conv1D stores (in, out); Linear wants (out, in)
             state[key if key.startswith("lm_head") else f"transformer.{key}"] = value
-        state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+        if "transformer.wte.weight" in state:
+            state.setdefault("lm_head.weight", state["transformer.wte.weight"])
+        check_fits(state, model.state_dict(), file, folder / "config.json")
         model.load_state_dict(state)
         return model
+
+
+def check_fits(state: dict, expected: dict, file: Path, config: Path) -> None:
+    """Weights that miss tensors, add some, or differ in shape from what config describes are
+    refused with the first few of each named; torch's own message lists every missing key."""
+    problems = {
+        "missing": [k for k in expected if k not in state],
+        "unexpected": [k for k in state if k not in expected],
+        "of another shape": [f"{k} {tuple(v.shape)}, not {tuple(expected[k].shape)}"
+                             for k, v in state.items() if k in expected and v.shape != expected[k].shape],
+    }
+    parts = [f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
+             for kind, names in problems.items() if names]
+    if parts:
+        raise UserError(f"the weights in {file} do not fit {config}: {'; '.join(parts)}")
+
+
+def read_weights(folder: Path) -> tuple[Path, dict]:
+    """The tensors of a Hugging Face folder's model.safetensors, else of its pytorch_model.bin."""
+    file = folder / "model.safetensors"
+    if file.exists():
+        try:
+            from safetensors.torch import load_file as read
+        except ImportError:
+            raise UserError("reading model.safetensors needs: pip install safetensors") from None
+    else:
+        file, read = folder / "pytorch_model.bin", partial(torch.load, map_location="cpu", weights_only=True)
+    try:
+        return file, read(file)
+    except Exception as e:      # safetensors, pickle and zip each raise their own kinds
+        raise UserError(f"cannot read {file} ({type(e).__name__}); it is damaged or not a weights "
+                        "file, download it again") from None
 
 
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}

@@ -569,6 +569,25 @@ def test_from_pretrained_refuses_what_it_cannot_load_faithfully(change, message,
         GPT.from_pretrained(str(tmp_path))
 
 
+@pytest.mark.parametrize("weights, message", [
+    ("model.safetensors", r"cannot read .*model.safetensors \(SafetensorError\); it is damaged"),
+    ("pytorch_model.bin", r"cannot read .*pytorch_model.bin \(\w+\); it is damaged"),
+    ({}, r"weights in .*pytorch_model.bin do not fit .*config.json: \d+ missing \(transformer.wte.weight, "),
+    ({"wte.weight": torch.zeros(10, 4)}, r"15 missing .*; 2 of another shape \(transformer.wte.weight \(10, 4\), not \(10, 8\), lm_head"),
+])
+def test_from_pretrained_names_damaged_or_mismatched_weights(weights, message, tmp_path):
+    if weights == "model.safetensors":
+        pytest.importorskip("safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 2, "n_embd": 8}))
+    if isinstance(weights, str):
+        (tmp_path / weights).write_bytes(b"\x00\x01 not weights" * 10)
+    else:
+        torch.save(weights, tmp_path / "pytorch_model.bin")
+    with pytest.raises(UserError, match=message):
+        GPT.from_pretrained(str(tmp_path))
+
+
 def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_path):
     pytest.importorskip("huggingface_hub")
     with pytest.raises(UserError, match="is not a folder, and the hub could not give it"):
