@@ -173,7 +173,7 @@ class TrainConfig:
                                 "round their inputs to bfloat16, summing in float32: 1.2-1.5x faster "
                                 "steps there", ("highest", "high", "medium"))
     compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
-    threads: int = opt(0, "CPU threads for torch; 0 keeps torch's default")
+    threads: int = opt(0, "CPU threads for torch during the run; 0 keeps the current count")
     flush_denormal: bool = opt(True, "CPU: treat subnormal floats as zero; saturated attention makes "
                                "them, and they slowed training steps by up to 1.6x")
     seed: int = opt(1337, "seed for weights, batches and dropout")

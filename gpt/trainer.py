@@ -465,7 +465,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         # before the first parallel op: OpenMP's threads take this thread's float state when made
         torch.set_flush_denormal(cfg.flush_denormal)
         keep_freed_memory()
-    if cfg.threads:
+    if cfg.threads:     # for this run only: a notebook that trains keeps its own count after
+        holds.callback(torch.set_num_threads, torch.get_num_threads())
         torch.set_num_threads(cfg.threads)
     holds.enter_context(matmul_precision(cfg.matmul_precision, device_type))     # as it was after
 

@@ -292,6 +292,21 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
     assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "run", "train"))
 
 
+def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(torch.get_num_threads())
+                        or attention(*a))
+    found = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=1", "--eval_interval=1",
+                                    "--threads=1")) == 0
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(found)
+
+
 def test_compile_with_medium_is_refused_only_where_attention_would_round():
     def refused(**settings):
         try:
