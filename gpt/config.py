@@ -26,10 +26,13 @@ class UserError(ValueError):
     """A mistake in what the user asked for; scripts print it as one line and exit 2."""
 
 
-def opt(default, help: str, choices: tuple[str, ...] | None = None):
+def opt(default, help: str, choices: tuple[str, ...] | None = None, given_by: str | None = None):
+    """A config field; `given_by` names where its value comes from when no command may set it."""
     meta = {"help": help}
     if choices:
         meta["choices"] = choices
+    if given_by:
+        meta["given_by"] = given_by
     return field(default=default, metadata=meta)
 
 
@@ -72,7 +75,7 @@ def _check_choices(obj) -> None:
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = opt(50304, "number of token ids (set from the dataset when training)")
+    vocab_size: int = opt(50304, "number of token ids", given_by="the dataset (its meta.json)")
     block_size: int = opt(256, "longest context the model sees, in tokens")
     n_layer: int = opt(6, "number of transformer blocks")
     n_head: int = opt(6, "attention heads per block")
@@ -473,6 +476,11 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     source = dict(config_name=config_name,
                   from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
     values.update(raw)
+    for name, (cls, f) in fields.items():
+        if "given_by" in f.metadata and name in {**values, **file_sweep, **sweep}:
+            where = (f"--{name}" if name in raw else f"--sweep {name}" if name in sweep
+                     else f"{config_name} sets {name}")
+            raise UserError(f"{where}: {name} is set by {f.metadata['given_by']}, not by hand; remove it")
     if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
         # the file's values would silently replace the run's own (its warmup, its schedule)
         folder = values.get("out_dir", TrainConfig.out_dir)
@@ -570,6 +578,8 @@ def help_text(prog: str, sections=SECTIONS) -> str:
     for cls in sections:
         lines.append(f"{cls.__name__}:")
         for f in dataclasses.fields(cls):
+            if "given_by" in f.metadata:
+                continue
             choices = f.metadata.get("choices")
             allowed = f" [{' | '.join(choices)}]" if choices else ""
             lines.append(f"  --{f.name}={shown(f.default)}{allowed}\n      {f.metadata['help']}")

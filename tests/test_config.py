@@ -60,6 +60,8 @@ def test_the_config_list_reaches_into_subfolders():
     (["--learning_rate=nan"], r"learning_rate='nan' is not a valid float"),
     (["--grad_clip=inf"], r"grad_clip='inf' is not a valid float"),
     (["--n_layer"], r"--n_layer needs a value"),
+    (["--vocab_size=100"], r"^--vocab_size: vocab_size is set by the dataset \(its meta.json\), not by hand; remove it$"),
+    (["--sweep", "vocab_size=50,60"], r"^--sweep vocab_size: vocab_size is set by the dataset"),
 ])
 def test_bad_command_lines_name_the_problem(argv, message):
     with pytest.raises(UserError, match=message):
@@ -177,6 +179,9 @@ def test_help_lists_every_field_with_default_and_meaning():
             default = f.default
             shown = (str(default).lower() if isinstance(default, bool) else
                      repr(default) if default == "" or default == "\n" else str(default))
+            if "given_by" in f.metadata:    # no command may set it
+                assert f"--{f.name}=" not in text
+                continue
             assert f"--{f.name}={shown}" in text and f.metadata["help"] in text
     # defaults as they would be typed on the command line
     assert "--bias=true\n" in text and "--pos_encoding=learned [" in text and "--wandb_run_name=''" in text
@@ -285,3 +290,11 @@ def test_configs_built_in_python_check_their_types(make, message):
 def test_an_empty_or_repeated_config_is_refused(argv, message):
     with pytest.raises(UserError, match=f"^{re.escape(message)}"):
         parse_argv(argv)
+
+
+def test_a_config_file_may_not_set_what_the_dataset_sets(tmp_path):
+    path = tmp_path / "padded.toml"
+    for text in ("vocab_size = 50304\n", "[sweep]\nvocab_size = [64, 128]\n"):
+        path.write_text(text)
+        with pytest.raises(UserError, match=r"padded.toml sets vocab_size: vocab_size is set by the dataset"):
+            parse_argv(["--config", str(path)])
