@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import tomllib
 import types
@@ -60,6 +61,8 @@ def _type_problem(cls, f, value) -> str | None:
     kind = _field_type(cls, f)
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float) if kind is float else kind):
         return f"{f.name}={value!r} is not {SPELLED.get(kind, kind.__name__)}"
+    if kind is float and not math.isfinite(value):     # nan passes every comparison check after
+        return f"{f.name}={value!r} is not a finite number"
     return None
 
 
@@ -217,6 +220,10 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         _check_seed(self.seed)
+        cpus = os.cpu_count() or 1
+        if self.threads > cpus:     # far past it, torch cannot start the threads and crashes
+            raise UserError(f"threads={self.threads} is more than the {cpus} CPUs here; give at most "
+                            f"{cpus}, or 0 for torch's default")
         if self.min_lr > self.learning_rate and self.lr_schedule != "constant":
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
         if self.lr_schedule != "constant" and self.lr_decay_iters <= self.warmup_iters:
