@@ -15,6 +15,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import signal
 import sys
@@ -74,6 +75,28 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
         raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer or n_embd")
+
+
+@contextlib.contextmanager
+def out_of_memory_in_one_line():
+    """A failed allocation (numpy's, the CPU allocator's or CUDA's) becomes a UserError."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:       # torch.OutOfMemoryError is a RuntimeError
+        text = str(e)
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text):
+            raise
+        raise UserError(out_of_memory_message(text)) from None
+
+
+def out_of_memory_message(text: str) -> str:
+    found = re.search(r"allocate (\d+(?:\.\d*)?) ?(bytes|[KMGT]iB)", text, re.IGNORECASE)
+    size = ""
+    if found:
+        scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
+        size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
+    return (f"out of memory{size}; lower batch_size, block_size, eval_iters or the model's size, or "
+            "trade batch_size for gradient_accumulation_steps; checkpoints already saved are whole")
 
 
 def launcher(world: int) -> list[str]:
@@ -447,7 +470,8 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
     try:
-        with contextlib.ExitStack() as holds:       # _train takes out_dir once it may make it
+        # _train takes out_dir once it may make it
+        with out_of_memory_in_one_line(), contextlib.ExitStack() as holds:
             summary = _train(model_cfg, cfg, argv, device, rank, world, holds)
         if ddp:     # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()

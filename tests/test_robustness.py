@@ -129,6 +129,47 @@ def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_resumes(data_d
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
 
 
+@pytest.mark.parametrize("error, size", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity "
+                            "of 79.15 GiB of which 3.75 MiB is free."), " (an allocation of 0.02 GiB failed)"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                  "memory: you tried to allocate 96000000000 bytes. Error code 12"), " (an allocation of 89.41 GiB failed)"),
+    (MemoryError("Unable to allocate 121. GiB for an array with shape (1000000000, 65) and data type uint16"),
+     " (an allocation of 121.00 GiB failed)"),
+    (MemoryError(), ""),
+])
+def test_running_out_of_memory_mid_run_stops_with_one_line_and_the_run_resumes(data_dir, tmp_path,
+                                                                               monkeypatch, capsys, error, size):
+    from gpt.model import GPT
+    real_forward, calls = GPT.forward, []
+
+    def fails_once(self, idx, targets=None):
+        if self.training:
+            calls.append(1)
+            if len(calls) == 6:
+                raise error
+        return real_forward(self, idx, targets)
+    monkeypatch.setattr(GPT, "forward", fails_once)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 2
+    assert capsys.readouterr().err == (
+        f"error: out of memory{size}; lower batch_size, block_size, eval_iters or the model's size, or "
+        "trade batch_size for gradient_accumulation_steps; checkpoints already saved are whole\n")
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
+    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
+
+
+def test_other_runtime_errors_are_not_taken_for_running_out_of_memory(data_dir, tmp_path, monkeypatch):
+    from gpt.model import GPT
+
+    def broken(self, idx, targets=None):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    monkeypatch.setattr(GPT, "forward", broken)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2"))
+
+
 def test_random_bytes_are_called_corrupt(tmp_path):
     path = tmp_path / "ckpt.pt"
     path.write_bytes(bytes(range(256)) * 8)
