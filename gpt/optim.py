@@ -68,7 +68,9 @@ class AdamW:
                             f"{[len(g['params']) for g in self.param_groups]}; it belongs to another model")
         for i, p in enumerate(params):
             s = saved["state"].get(i)
-            if s is None:           # saved before this parameter ever had a gradient
+            if s is None:           # saved before this parameter ever had a gradient: it starts afresh
+                for value in self.state[p].values():
+                    value.zero_()
                 continue
             if s["exp_avg"].shape != p.shape:
                 raise UserError(f"optimizer state {i} has shape {tuple(s['exp_avg'].shape)} but the "

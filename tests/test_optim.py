@@ -111,11 +111,14 @@ def test_a_parameter_without_saved_state_starts_fresh():
     _run(model, opt, 2, [1e-2] * 2)
     saved = opt.state_dict()
     del saved["state"][0]           # as torch.optim saves a parameter that never had a gradient
-    fresh = make_optimizer(model, cfg)
-    fresh.load_state_dict(saved)
-    first, second = fresh.param_groups[0]["params"][:2]
-    assert fresh.state[first]["step"].item() == 0 and not fresh.state[first]["exp_avg"].any()
-    assert fresh.state[second]["step"].item() == 2 and fresh.state[second]["exp_avg"].any()
+    stepped = make_optimizer(model, cfg)    # also into an optimizer that has state of its own
+    _run(model, stepped, 3, [1e-2] * 3)
+    for opt in (make_optimizer(model, cfg), stepped):
+        opt.load_state_dict(saved)
+        first, second = opt.param_groups[0]["params"][:2]
+        assert opt.state[first]["step"].item() == 0 and not opt.state[first]["exp_avg"].any()
+        assert not opt.state[first]["exp_avg_sq"].any()
+        assert opt.state[second]["step"].item() == 2 and opt.state[second]["exp_avg"].any()
 
 
 def test_state_of_another_model_is_refused():
