@@ -206,6 +206,8 @@ class TrainConfig:
                                   "position similarity and per-head attention entropy at each evaluation")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is nan/inf instead of stopping")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
+    overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
+                          "deleting them; without it such a start is refused")
     wandb: bool = opt(False, "log metrics to Weights & Biases")
     wandb_project: str = opt("gpt", "Weights & Biases project")
     wandb_run_name: str = opt("", "Weights & Biases run name; empty uses out_dir's name")
@@ -220,6 +222,9 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         _check_seed(self.seed)
+        if self.resume and self.overwrite:
+            raise UserError("resume=true continues the run in out_dir and overwrite=true replaces it; "
+                            "give one of them")
         cpus = os.cpu_count() or 1
         if self.threads > cpus:     # far past it, torch cannot start the threads and crashes
             raise UserError(f"threads={self.threads} is more than the {cpus} CPUs here; give at most "
@@ -276,7 +281,7 @@ class SampleConfig:
 
 
 SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
-RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume")   # a sweep sets these itself
+RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume", "overwrite")   # a sweep sets these itself
 
 
 def fields_of(sections) -> dict:

@@ -75,15 +75,18 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     args.setdefault("threads", threads)
     if (run.folder / "ckpt.pt").exists():
         args["resume"] = True
+    else:       # a run that never saved ckpt.pt starts again, whatever else it left
+        args["overwrite"] = True
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
 def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
     """Fail before anything runs: on --resume, on two settings that would share a run folder, and
     on any grid point that is not a valid config. Returns each run's configs."""
-    if values.get("resume"):
-        raise UserError("--resume: a sweep resumes its stopped runs by itself; run the same command "
-                        "again without --resume")
+    for name in ("resume", "overwrite"):
+        if values.get(name):
+            raise UserError(f"--{name}: a sweep resumes its stopped runs and restarts its failed ones "
+                            f"by itself; run the same command again without --{name}")
     # values that differ only in path spelling (./data, .//data) or in case (one folder on macOS)
     seen = {}
     for r in runs:
@@ -104,8 +107,8 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
 # what may differ between a run's starts without changing what is compared: where and how fast it
 # runs (flush_denormal changes only values below float32's smallest normal, yet after many steps the
 # losses drift within seed noise; runs older than the field never flushed); the folder is the run's own
-NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "wandb", "wandb_project",
-                "wandb_run_name"}
+NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "overwrite", "wandb",
+                "wandb_project", "wandb_run_name"}
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:

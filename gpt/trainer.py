@@ -505,6 +505,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     if master:          # only now, so a start that fails on its data or size leaves no folder
         _writable(out_dir)
         holds.enter_context(checkpoint.hold_folder(out_dir))
+        held = [name for name in ("ckpt.pt", "ckpt_best.pt") if (out_dir / name).exists()]
+        if held and not cfg.resume and not cfg.overwrite:
+            raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; continue it with "
+                            f"--out_dir={shlex.quote(str(out_dir))} --resume, replace it with "
+                            "--overwrite=true, or choose another --out_dir")
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)
@@ -539,8 +544,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         for path in old:
             path.unlink()
         if any(p.name.startswith("ckpt") for p in old):
-            print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints "
-                  "(--resume continues a run instead)", flush=True)
+            print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)

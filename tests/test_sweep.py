@@ -191,10 +191,12 @@ def test_a_baseline_without_results_is_named_as_the_reason():
 
 
 def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
-    assert train.main(tiny_args(data_dir, tmp_path / "sw", "--resume", "--sweep", "residual=true,false")) == 2
-    assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
+    advice = "a sweep resumes its stopped runs and restarts its failed ones by itself; run the same command again"
+    for flag in ("--resume", "--overwrite"):
+        assert train.main(tiny_args(data_dir, tmp_path / "sw", flag, "--sweep", "residual=true,false")) == 2
+        assert capsys.readouterr().err == f"error: {flag}: {advice} without {flag}\n"
     assert train.main(["--config", "sweeps/heads", "--resume"]) == 2     # a sweep's file: the same advice
-    assert "a sweep resumes its stopped runs by itself" in capsys.readouterr().err
+    assert advice in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
     # a sweep's folder given to --resume alone, as if it were one run
     (tmp_path / "sw").mkdir()
@@ -315,6 +317,18 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     (run / "config.json").write_text('{"model": null}')
     assert train.main([*argv, "--learning_rate=2e-3"]) == 2
     assert "config.json is not a run config of this project" in capsys.readouterr().err
+
+
+def test_a_failed_run_that_left_only_its_best_checkpoint_starts_again(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
+    assert train.main(argv) == 0
+    run = out / "residual=true__seed=1337"
+    (run / "ckpt.pt").unlink()                              # crashed between its two saves
+    (run / "result.json").write_text(json.dumps({"status": "failed", "returncode": 1, "wall_s": 1.0}))
+    assert train.main(argv) == 0
+    assert "starting afresh" in (run / "log.txt").read_text()
+    assert json.loads((run / "result.json").read_text())["status"] == "finished"
 
 
 def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():

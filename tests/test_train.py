@@ -205,11 +205,21 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     assert (out / "ckpt.pt").exists() and (out / "ckpt_best.pt").exists()
     (out / "dashboard.png").write_bytes(b"a picture of the old run")
     capsys.readouterr()
-    # a second run that diverges before its first save: no file of the first may remain
-    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2",
-                                "--learning_rate=1e9", "--warmup_iters=0")) == 3
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    second = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=1e9",
+                       "--warmup_iters=0")
+    assert train.main(second) == 2      # not without being told: the earlier run is kept whole
+    assert capsys.readouterr().err == (
+        f"error: {out} holds an earlier run's ckpt.pt and ckpt_best.pt; continue it with --out_dir={out} "
+        "--resume, replace it with --overwrite=true, or choose another --out_dir\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    with pytest.raises(UserError, match="resume=true continues the run in out_dir and overwrite=true "
+                                        "replaces it; give one of them"):
+        TrainConfig(resume=True, overwrite=True)
+    # told, a second run that diverges before its first save: no file of the first may remain
+    assert train.main([*second, "--overwrite=true"]) == 3
     said = capsys.readouterr()
-    assert f"starting afresh in {out}: removed the earlier run's checkpoints" in said.out
+    assert f"starting afresh in {out}: removed the earlier run's checkpoints\n" in said.out
     assert "no checkpoint had been saved yet" in said.err
     assert {p.name for p in out.iterdir()} == {"config.json", "command.txt", "metrics.jsonl"}
     assert (out / "command.txt").read_text().startswith("python train.py --data_dir=")
