@@ -198,6 +198,13 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert train.main(["--config", "sweeps/heads", "--resume"]) == 2     # a sweep's file: the same advice
     assert advice in capsys.readouterr().err
     assert not (tmp_path / "sw").exists()
+    # a sweep into one run's folder: that run would be lost to --resume
+    run = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, run, "--max_iters=2", "--eval_interval=2")) == 0
+    assert train.main(tiny_args(data_dir, run, "--sweep", "residual=true,false")) == 2
+    assert capsys.readouterr().err == (f"error: out_dir={str(run)!r} holds a run (ckpt.pt and ckpt_best.pt); "
+                                       "its sweep folders would mix with it; choose another --out_dir\n")
+    assert not (run / "sweep.json").exists()
     # a sweep's folder given to --resume alone, as if it were one run
     (tmp_path / "sw").mkdir()
     (tmp_path / "sw" / "sweep.json").write_text("{}")
