@@ -449,6 +449,10 @@ def _writable(out_dir: Path) -> None:
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror or e}); "
                         "choose another --out_dir") from None
+    for name in ("metrics.jsonl", "command.txt"):   # appended to in place (the rest is replaced whole)
+        path = out_dir / name
+        if path.exists() and not os.access(path, os.W_OK):
+            raise UserError(f"{path} is read-only; make it writable (chmod u+w) or choose another --out_dir")
 
 
 # ---------------------------------------------------------------- the loop

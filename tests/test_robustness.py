@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,6 +169,20 @@ def test_other_runtime_errors_are_not_taken_for_running_out_of_memory(data_dir, 
     monkeypatch.setattr(GPT, "forward", broken)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2"))
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "command.txt"])
+def test_a_read_only_run_file_is_named_before_anything_changes(data_dir, tmp_path, monkeypatch, capsys, name):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real_access = os.access      # as a read-only file tells a user who is not root
+    monkeypatch.setattr(os, "access", lambda path, mode: real_access(path, mode) and Path(path).name != name)
+    capsys.readouterr()
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 2
+    assert capsys.readouterr().err == (f"error: {out / name} is read-only; make it writable (chmod u+w) or "
+                                       "choose another --out_dir\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_random_bytes_are_called_corrupt(tmp_path):
