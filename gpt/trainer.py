@@ -599,18 +599,38 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                         "or pass --skip_nonfinite=true to skip such steps")
 
     @torch.no_grad()
-    def evaluate() -> dict:
+    def evaluate(stoppable: bool) -> dict | None:
+        """The mean losses, or None when a stop signal came meanwhile: an evaluation can take
+        minutes, and it runs again on resuming. Under DDP the ranks finish it together, and
+        the last one, which no resume would repeat, is always finished."""
         raw_model.eval()
         out = {}
         for split in ("train", "val"):
             xs, ys = batches.evenly_spaced(split, cfg.eval_iters)
             losses = []
             for x, y in zip(xs, ys):
+                if stoppable and stop.signal and world == 1:
+                    raw_model.train()
+                    return None
                 with autocast:
                     losses.append(raw_model(x, y)[1].item())
             out[f"{split}_loss"] = float(np.mean(losses))
         raw_model.train()
         return out
+
+    def stop_at(it: int) -> None:
+        signal_name = stop.signal or "a signal to another process"
+        if master:
+            if it > start_iter:
+                save("ckpt.pt", it)
+                done = f"saved {out_dir / 'ckpt.pt'} at iteration {it}; {how_to_continue(out_dir)}"
+            elif cfg.resume:
+                done = f"{out_dir / 'ckpt.pt'} still holds iteration {it}; {how_to_continue(out_dir)}"
+            else:
+                done = "stopped in the first evaluation, before any step; nothing was saved"
+            metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
+            bar.write(f"{signal_name}: {done}")
+        summary["stopped_by"] = signal_name
 
     summary = {"stopped_by": None}
     tick, tokens_since, skipped = time.perf_counter(), 0, 0
@@ -625,7 +645,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                 group["lr"] = lr
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != last_eval:
                 since_tick = time.perf_counter() - tick
-                row = {"kind": "eval", "iter": it, **evaluate(), "lr": lr,
+                losses = evaluate(stoppable=it < cfg.max_iters)
+                if losses is None:
+                    stop_at(it)
+                    break
+                row = {"kind": "eval", "iter": it, **losses, "lr": lr,
                        "tokens_per_sec": tokens_since / since_tick if tokens_since else 0.0,
                        "elapsed_s": elapsed(), "unigram_loss": unigram}
                 if cfg.diagnostics:
@@ -704,13 +728,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             bar.update(1)
             it += 1
             if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
-                signal_name = stop.signal or "a signal to another process"
-                if master:
-                    save("ckpt.pt", it)
-                    metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
-                    bar.write(f"{signal_name}: saved {out_dir / 'ckpt.pt'} at iteration {it}; "
-                              f"{how_to_continue(out_dir)}")
-                summary["stopped_by"] = signal_name
+                stop_at(it)
                 break
     summary.update(iters=it, best_val_loss=best_val, skipped_steps=skipped,
                    wall_s=time.perf_counter() - t_start)

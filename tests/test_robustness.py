@@ -18,6 +18,7 @@ from conftest import ROOT, tiny_args
 from gpt import checkpoint
 from gpt.config import UserError
 from gpt.data import prepare
+from gpt.trainer import read_jsonl
 
 
 def train_lines(out_dir):
@@ -64,6 +65,55 @@ def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert train_lines(out) == train_lines(ref)
     assert same_weights(out, ref)
+
+
+def _signal_in_evaluation(monkeypatch, at_call: int):
+    """Ctrl-C to this process in the at_call-th forward pass of an evaluation."""
+    from gpt.model import GPT
+    real_forward, calls = GPT.forward, []
+
+    def forward(self, idx, targets=None):
+        if not self.training and targets is not None:
+            calls.append(1)
+            if len(calls) == at_call:
+                os.kill(os.getpid(), signal.SIGINT)
+        return real_forward(self, idx, targets)
+    monkeypatch.setattr(GPT, "forward", forward)
+    return calls
+
+
+def test_a_signal_in_an_evaluation_stops_it_there_and_resume_evaluates_again(data_dir, tmp_path,
+                                                                              monkeypatch, capsys):
+    run = [*RUN, "--eval_iters=50", "--diagnostics=false"]     # its passes are not counted here
+    ref = tmp_path / "ref"
+    assert train.main(tiny_args(data_dir, ref, *run)) == 0
+    out = tmp_path / "stopped"
+    calls = _signal_in_evaluation(monkeypatch, 2 * 50 + 10)     # 10 batches into the second one
+    capsys.readouterr()
+    assert train.main(tiny_args(data_dir, out, *run)) == 130
+    assert len(calls) == 2 * 50 + 10        # the rest of the evaluation was not run
+    assert f"SIGINT: saved {out / 'ckpt.pt'} at iteration 10; continue with" in capsys.readouterr().out
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 10
+    evals = lambda folder: [r["iter"] for r in read_jsonl(folder / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals(out) == [0]
+    monkeypatch.undo()
+    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+    assert evals(out) == evals(ref) and train_lines(out) == train_lines(ref)
+    assert same_weights(out, ref)
+
+
+def test_a_signal_in_the_first_evaluation_saves_nothing_and_in_the_last_is_too_late(data_dir, tmp_path,
+                                                                                     monkeypatch, capsys):
+    _signal_in_evaluation(monkeypatch, 5)
+    out = tmp_path / "first"
+    assert train.main(tiny_args(data_dir, out, *RUN, "--eval_iters=20")) == 130
+    assert "SIGINT: stopped in the first evaluation, before any step; nothing was saved" in capsys.readouterr().out
+    assert not (out / "ckpt.pt").exists()
+    calls = _signal_in_evaluation(monkeypatch, 2 * 20 + 5)      # 2 iterations: the second is the last
+    out = tmp_path / "last"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--eval_iters=20",
+                                "--diagnostics=false")) == 0
+    assert len(calls) == 4 * 20 and checkpoint.load(out / "ckpt.pt")["iter"] == 2
 
 
 def test_killed_at_random_moments_resumes_to_the_same_end(data_dir, tmp_path):
