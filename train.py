@@ -6,6 +6,7 @@ a sweep config, runs the whole grid (see gpt.sweep)."""
 import sys
 
 try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
+    from gpt import sweep, trainer
     from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
     from gpt.console import output_may_close
 except KeyboardInterrupt:
@@ -24,7 +25,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(argv: list[str]) -> int:
-    from gpt import sweep, trainer
     sweeping, args = False, None
     try:
         args = parse_argv(argv)

@@ -66,6 +66,17 @@ class _Quiet(io.TextIOBase):
 
 
 @contextlib.contextmanager
+def interrupt_in_one_line():
+    """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+@contextlib.contextmanager
 def output_may_close(product: bool = False, stdout: bool = True):
     """stderr, and stdout unless stdout=False, that go quiet when they cannot be written. With
     product=True the output is what the command is for: if the command ends well but its output

@@ -120,11 +120,14 @@ def read_prompt(start: str) -> str:
         raise UserError(f"--start=FILE:{start[5:]}: {'not a file' if path.exists() else 'no such file'}; "
                         "give FILE:path to a text file")
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise UserError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
     except OSError as e:
         raise UserError(f"--start=FILE:{path} cannot be read ({e.strerror})") from None
+    if not text:
+        raise UserError(f"--start=FILE:{path}: the file is empty; a prompt needs at least one character")
+    return text
 
 
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
@@ -300,14 +303,17 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
             raise UserError(f"--input needs --out_dir: {default_dir} holds the shipped {dataset} "
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
         out_dir = Path(args.out_dir) if args.out_dir is not None else default_dir
-        if args.input:
-            text = read_text(Path(args.input))
-        else:
-            text = read_text(out_dir / "input.txt", url)
+        source = Path(args.input) if args.input else out_dir / "input.txt"
+        text = read_text(source) if args.input else read_text(source, url)
+        if not text:
+            raise UserError(f"{source} is empty; give a text file to prepare")
         meta = prepare(text, out_dir, tokenizer)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "
           f"{meta['val_tokens']:,} val tokens")
     return 0

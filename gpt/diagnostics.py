@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .config import GPTConfig, UserError
-from .console import Parser, output_may_close, to_json
+from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
 
@@ -188,5 +188,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with output_may_close(product=True):    # | head: no traceback for the reader going away
+    with interrupt_in_one_line(), output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import UserError
-from .console import Parser, output_may_close
+from .console import Parser, interrupt_in_one_line, output_may_close
 from .trainer import read_jsonl
 
 
@@ -179,5 +179,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with output_may_close():    # the picture is the product; the path printed is a courtesy
+    with interrupt_in_one_line(), output_may_close():    # the picture is the product; the path printed is a courtesy
         sys.exit(main())

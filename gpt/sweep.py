@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import checkpoint
 from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown
-from .console import output_may_close
+from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, read_jsonl, write_json
@@ -544,5 +544,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with output_may_close(product=True):    # | head: no traceback for the reader going away
+    with interrupt_in_one_line(), output_may_close(product=True):    # | head: no traceback for the reader going away
         sys.exit(main())

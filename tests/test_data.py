@@ -35,13 +35,18 @@ def test_prepare_again_gives_the_same_files(tmp_path):
     assert first == {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
 
-def test_prepare_script_on_a_users_file(tmp_path):
+def test_prepare_script_on_a_users_file(tmp_path, capsys):
     from gpt.data import prepare_main
     src = tmp_path / "mine.txt"
     src.write_text("hello world\n" * 50)
     assert prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")]) == 0
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["chars"] == sorted(set("hello world\n"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert prepare_main("shakespeare_char", ["--input", str(empty), "--out_dir", str(tmp_path / "e")]) == 2
+    assert capsys.readouterr().err == f"error: {empty} is empty; give a text file to prepare\n"
+    assert not (tmp_path / "e").exists()
 
 
 def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monkeypatch):
@@ -202,9 +207,11 @@ def test_a_split_file_that_is_a_folder_is_named(data_dir, tmp_path):
     ("FILE:", "--start=FILE: names no file"),
     ("FILE:{tmp}", "--start=FILE:{tmp}: not a file"),
     ("FILE:{tmp}/none.txt", "--start=FILE:{tmp}/none.txt: no such file"),
+    ("FILE:{tmp}/empty.txt", "--start=FILE:{tmp}/empty.txt: the file is empty; a prompt needs at least one"),
 ])
 def test_a_prompt_file_that_cannot_be_read_is_named(start, message, tmp_path):
     from gpt.data import read_prompt
+    (tmp_path / "empty.txt").write_text("")
     with pytest.raises(UserError, match=re.escape(message.format(tmp=tmp_path))):
         read_prompt(start.format(tmp=tmp_path))
     assert read_prompt("ROMEO:") == "ROMEO:"

@@ -864,6 +864,23 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
 
 
+@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics"])
+def test_a_ctrl_c_in_a_module_command_gets_one_line(module, tmp_path):
+    # the Ctrl-C lands once the command runs: in the first file it opens, or its first model
+    code = ("import builtins, io, runpy, sys, torch\n"
+            "def interrupted(*args, **kwargs):\n"
+            "    raise KeyboardInterrupt\n"
+            "builtins.open = io.open = interrupted\n"
+            "torch.manual_seed = interrupted\n"
+            f"sys.argv = [{module!r}, *{{'gpt.sweep': ['report', {str(tmp_path)!r}], "
+            f"'gpt.inspect': ['run', {str(tmp_path)!r}], 'gpt.diagnostics': ['grad-depth']}}[{module!r}]]\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    (tmp_path / "sweep.json").write_text("{}")
+    (tmp_path / "metrics.jsonl").write_text("")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
+
+
 def test_resume_checks_given_values_against_the_runs_own_settings(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--min_lr=1e-5",
