@@ -44,6 +44,13 @@ def _positive(obj, *names: str) -> None:
             raise UserError(f"{name}={value} must be positive")
 
 
+def _named(obj, *names: str) -> None:
+    """Folders given empty would mean the current one (an unset shell variable, --out_dir=$OUT)."""
+    for name in names:
+        if not getattr(obj, name).strip():
+            raise UserError(f"{name} is empty; give a folder name")
+
+
 def _check_seed(seed: int) -> None:
     if not 0 <= seed < 2 ** 32:     # what numpy's generators take, and torch's alike
         raise UserError(f"seed={seed} must be in [0, 2**32)")
@@ -222,6 +229,7 @@ class TrainConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         _check_seed(self.seed)
+        _named(self, "dataset", "data_dir", "out_dir")
         if self.resume and self.overwrite:
             raise UserError("resume=true continues the run in out_dir and overwrite=true replaces it; "
                             "give one of them")
@@ -271,6 +279,7 @@ class SampleConfig:
         check_types(self)
         _check_choices(self)
         _positive(self, "num_samples", "max_new_tokens")
+        _named(self, "out_dir")
         if self.temperature != 0 and not 1e-3 <= self.temperature:
             raise UserError(f"temperature={self.temperature} must be 0 (greedy) or at least 0.001")
         if self.top_k < 0:

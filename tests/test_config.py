@@ -72,6 +72,10 @@ def test_bad_command_lines_name_the_problem(argv, message):
 @pytest.mark.parametrize("cls, values, message", [
     (TrainConfig, {"learning_rate": -1.0}, r"learning_rate=-1.0 must be positive"),
     (TrainConfig, {"grad_clip": math.nan}, r"^grad_clip=nan is not a finite number$"),
+    (TrainConfig, {"out_dir": ""}, r"^out_dir is empty; give a folder name$"),
+    (TrainConfig, {"dataset": " "}, r"^dataset is empty; give a folder name$"),
+    (TrainConfig, {"data_dir": ""}, r"^data_dir is empty; give a folder name$"),
+    (SampleConfig, {"out_dir": ""}, r"^out_dir is empty; give a folder name$"),
     (TrainConfig, {"learning_rate": math.inf}, r"^learning_rate=inf is not a finite number$"),
     (SampleConfig, {"top_p": math.nan}, r"^top_p=nan is not a finite number$"),
     (TrainConfig, {"threads": 10 ** 6}, r"^threads=1000000 is more than the \d+ CPUs here; give at most \d+, or 0"),
