@@ -49,8 +49,11 @@ class BenchConfig:
 
     def __post_init__(self):
         check_types(self)
-        if self.bench_iters <= 0 or self.bench_warmup < 0 or self.sample_tokens < 0:
-            raise UserError("bench_iters must be positive, bench_warmup and sample_tokens not negative")
+        if self.bench_iters <= 0:
+            raise UserError(f"bench_iters={self.bench_iters} must be positive")
+        for name in ("bench_warmup", "sample_tokens"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name}={getattr(self, name)} must not be negative")
 
 
 def flops_per_token(cfg: GPTConfig, n_params: int) -> float:

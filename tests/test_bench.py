@@ -28,8 +28,11 @@ def test_bench_reports_consistent_figures(data_dir, tmp_path, capsys):
 
 
 def test_bench_rejects_bad_arguments(capsys):
-    assert bench.main(["--bench_iters=0"]) == 2
-    assert capsys.readouterr().err.startswith("error: bench_iters must be positive")
+    for arg, said in (("--bench_iters=0", "bench_iters=0 must be positive"),
+                      ("--bench_warmup=-1", "bench_warmup=-1 must not be negative"),
+                      ("--sample_tokens=-2", "sample_tokens=-2 must not be negative")):
+        assert bench.main([arg]) == 2
+        assert capsys.readouterr().err == f"error: {said}\n"
     assert bench.main(["--config", "shakespeare_char_cpu", "--max_iters=20"]) == 2
     assert "--max_iters: the bench sets it itself" in capsys.readouterr().err
 
