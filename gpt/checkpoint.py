@@ -54,6 +54,13 @@ RESUME_KEYS = (*MODEL_KEYS, "train_config", "optimizer", "iter", "best_val_loss"
                "last_eval_iter", "rng", "batch_rng")
 
 
+def _broken(path: Path, detail: str = "") -> str:
+    best = path.with_name("ckpt_best.pt")
+    spare = (f"; {best} may be whole: sample it with --ckpt=best, or copy it to {path.name} to "
+             "resume from it") if path.name == "ckpt.pt" and best.is_file() else ""
+    return f"{path} is not a readable checkpoint (truncated or corrupt){f': {detail}' if detail else ''}{spare}"
+
+
 def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -> dict:
     """The checkpoint at path, holding at least the keys `needs`. mmap=True maps the tensors
     instead of reading them: for callers that want only its plain values (configs, iteration)."""
@@ -75,7 +82,7 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
     except OSError as e:
         raise UserError(f"{path} cannot be read ({e.strerror})") from None
     if not whole:
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt)")
+        raise UserError(_broken(path))
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -84,10 +91,9 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         if refused:
             raise UserError(f"{path} holds a pickled Python object ({refused.group(1)}) and was not "
                             "loaded: only tensors and plain values are allowed") from None
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt)") from None
+        raise UserError(_broken(path)) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise UserError(f"{path} is not a readable checkpoint (truncated or corrupt): "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise UserError(_broken(path, str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path} is not a checkpoint of this project (no '{FORMAT}' marker)")
     missing = [k for k in needs if k not in ckpt]

@@ -415,7 +415,9 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
     diffs = [f"{k}={shown(then[k])} in the checkpoint but {shown(now[k])} now"
              for k in now if k != "dropout" and then[k] != now[k]]
     if diffs:
-        raise UserError("cannot resume with a different model: " + "; ".join(diffs))
+        raise UserError("cannot resume with a different model: " + "; ".join(diffs) + ". Leave "
+                        "those options out to continue the run, or train the new model in another "
+                        "--out_dir")
 
 
 def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:

@@ -391,7 +391,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"cannot resume with a different model: n_layer=2 in the checkpoint but 3 now"),
     ("resume other flag", "train", lambda d, t, g: [f"--out_dir={g}", "--resume", "--qk_norm=true",
                                                     "--max_iters=4"],
-     r"cannot resume with a different model: qk_norm=false in the checkpoint but true now$"),
+     r"cannot resume with a different model: qk_norm=false in the checkpoint but true now. Leave those "
+     r"options out to continue the run, or train the new model in another --out_dir\n$"),
     ("resume other vocab", "train", lambda d, t, g: [f"--out_dir={g}", "--resume", "--dataset=other",
                                                      f"--data_dir={_other_vocab(d)}", "--max_iters=4"],
      r"cannot resume: the dataset's vocabulary \(4 tokens\) differs from the checkpoint's \(37"),
@@ -448,6 +449,10 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"device='cpu:1': the CPU is one device; use --device=cpu"),
     ("resume a truncated checkpoint", "train", lambda d, t, g: [f"--out_dir={_truncate(g)}", "--resume"],
      r"ckpt.pt is not a readable checkpoint \(truncated or corrupt\)\n$"),
+    ("resume a truncated checkpoint beside a whole best one", "train",
+     lambda d, t, g: [f"--out_dir={_truncate(g, keep_best=True)}", "--resume"],
+     r"truncated/ckpt.pt is not a readable checkpoint \(truncated or corrupt\); .*truncated/ckpt_best.pt may be "
+     r"whole: sample it with --ckpt=best, or copy it to ckpt.pt to resume from it\n$"),
     # a device torch knows but this project does not run on: refused before the old run is cleared
     ("training on the meta device", "train", lambda d, t, g: tiny_args(d, g, "--device=meta"),
      r"device='meta' is not supported; use auto, cpu, cuda, cuda:N or mps"),
@@ -499,11 +504,13 @@ def _folder_ckpt(tmp_path):
     return tmp_path / "odd"
 
 
-def _truncate(good):
+def _truncate(good, keep_best=False):
     bad = good.parent / "truncated"
     bad.mkdir()
     data = (good / "ckpt.pt").read_bytes()
     (bad / "ckpt.pt").write_bytes(data[: len(data) // 2])
+    if keep_best:
+        (bad / "ckpt_best.pt").write_bytes((good / "ckpt_best.pt").read_bytes())
     return bad
 
 
