@@ -290,10 +290,12 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:   # the sweep writes each of its files again: losing one is safe
+        raise UserError(f"{path} is damaged ({e}); remove it, or use another --out_dir") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path} does not hold a JSON object")
+        raise UserError(f"{path} does not hold a JSON object; remove it, or use another --out_dir")
     return data
 
 

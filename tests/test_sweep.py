@@ -324,6 +324,12 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     (run / "config.json").write_text('{"model": null}')
     assert train.main([*argv, "--learning_rate=2e-3"]) == 2
     assert "config.json is not a run config of this project" in capsys.readouterr().err
+    (run / "config.json").write_text("")                    # cut short
+    assert train.main([*argv, "--learning_rate=2e-3"]) == 2
+    assert re.fullmatch(r"error: .*config.json is damaged \(Expecting value: .*\); remove it, or use another "
+                        r"--out_dir\n", capsys.readouterr().err)
+    (run / "config.json").unlink()                          # as told
+    assert train.main([*argv, "--learning_rate=2e-3"]) == 0
 
 
 def test_a_failed_run_that_left_only_its_best_checkpoint_starts_again(data_dir, tmp_path, capsys):
