@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
 import re
 import tomllib
 import types
@@ -233,10 +232,6 @@ class TrainConfig:
         if self.resume and self.overwrite:
             raise UserError("resume=true continues the run in out_dir and overwrite=true replaces it; "
                             "give one of them")
-        cpus = os.cpu_count() or 1
-        if self.threads > cpus:     # far past it, torch cannot start the threads and crashes
-            raise UserError(f"threads={self.threads} is more than the {cpus} CPUs here; give at most "
-                            f"{cpus}, or 0 for torch's default")
         if self.min_lr > self.learning_rate and self.lr_schedule != "constant":
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
         if self.lr_schedule != "constant" and self.lr_decay_iters <= self.warmup_iters:

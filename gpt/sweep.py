@@ -28,7 +28,8 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, read_jsonl, write_json
+from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, read_jsonl,
+                      write_json)
 
 
 @dataclass
@@ -100,6 +101,7 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
                 build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
                for r in runs]
     for _, train_cfg in configs:
+        check_threads(train_cfg)
         check_compile(train_cfg)
     return configs
 

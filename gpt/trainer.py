@@ -95,8 +95,9 @@ def out_of_memory_message(text: str) -> str:
     if found:
         scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
         size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
-    return (f"out of memory{size}; lower batch_size, block_size, eval_iters or the model's size, or "
-            "trade batch_size for gradient_accumulation_steps; checkpoints already saved are whole")
+    return (f"out of memory{size}; lower batch_size (raising gradient_accumulation_steps keeps the "
+            "batch per step) or eval_iters, which --resume may change, or block_size or the model's "
+            "size in a new run; checkpoints already saved are whole")
 
 
 def launcher(world: int) -> list[str]:
@@ -139,6 +140,14 @@ def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
             return torch.bfloat16
         return torch.float32
     return getattr(torch, cfg.dtype)
+
+
+def check_threads(cfg: TrainConfig) -> None:
+    """Here, not in the config: a run saved on a bigger machine still loads, and says what to do."""
+    cpus = os.cpu_count() or 1
+    if cfg.threads > cpus:      # far past it, torch cannot start the threads and crashes
+        raise UserError(f"threads={cfg.threads} is more than the {cpus} CPUs here; give at most "
+                        f"--threads={cpus}, or --threads=0 for torch's default")
 
 
 def check_compile(cfg: TrainConfig, device: str | None = None) -> None:
@@ -402,6 +411,8 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
             raise UserError(f"--resume: nothing to resume, {path} does not exist")
         ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
+        if isinstance(base_train, dict):    # how that run was started is not how this one is
+            base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite")}
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
@@ -468,6 +479,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a "
                         f"multiple of the {world} processes")
     device = resolve_device(cfg.device)
+    check_threads(cfg)
     check_compile(cfg, device)
     if ddp:
         backend = "nccl" if device.startswith("cuda") else "gloo"

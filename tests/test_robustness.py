@@ -204,8 +204,9 @@ def test_running_out_of_memory_mid_run_stops_with_one_line_and_the_run_resumes(d
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 2
     assert capsys.readouterr().err == (
-        f"error: out of memory{size}; lower batch_size, block_size, eval_iters or the model's size, or "
-        "trade batch_size for gradient_accumulation_steps; checkpoints already saved are whole\n")
+        f"error: out of memory{size}; lower batch_size (raising gradient_accumulation_steps keeps the "
+        "batch per step) or eval_iters, which --resume may change, or block_size or the model's size in "
+        "a new run; checkpoints already saved are whole\n")
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
@@ -458,6 +459,11 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"device='meta' is not supported; use auto, cpu, cuda, cuda:N or mps"),
     ("sampling on a device torch lacks", "sample", lambda d, t, g: [f"--out_dir={g}", "--device=xpu"],
      r"device='xpu' is not supported"),
+    ("more threads than CPUs", "train", lambda d, t, g: tiny_args(d, g, "--threads=1000000"),
+     r"threads=1000000 is more than the \d+ CPUs here; give at most --threads=\d+, or --threads=0 for"),
+    ("a sweep with more threads than CPUs", "train",
+     lambda d, t, g: tiny_args(d, t / "sw", "--threads=1000000", "--sweep", "residual=true,false"),
+     r"threads=1000000 is more than the \d+ CPUs here"),
     ("compile and medium together on a CPU", "train",
      lambda d, t, g: tiny_args(d, g, "--compile=true", "--matmul_precision=medium"),
      r"compile=true with matmul_precision=medium made CPU steps 2x slower .*; use one of the two\n$"),

@@ -344,6 +344,34 @@ def test_a_failed_run_that_left_only_its_best_checkpoint_starts_again(data_dir, 
     assert json.loads((run / "result.json").read_text())["status"] == "finished"
 
 
+def test_a_sweep_resumes_a_stopped_run_it_started(data_dir, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from gpt import checkpoint
+    from gpt.model import GPT
+    out = tmp_path / "sw"
+    run = out / "residual=true__seed=1337"
+    real_forward, calls = GPT.forward, []
+
+    def stopped(self, idx, targets=None):       # SIGTERM in the third step
+        if self.training:
+            calls.append(1)
+            if len(calls) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return real_forward(self, idx, targets)
+    monkeypatch.setattr(GPT, "forward", stopped)
+    # the run as the sweep starts it (a fresh run is told --overwrite=true), stopped part way
+    assert train.main(tiny_args(data_dir, run, "--max_iters=6", "--eval_interval=2", "--residual=true",
+                                "--overwrite=true")) == 143
+    monkeypatch.undo()
+    assert checkpoint.load(run / "ckpt.pt")["iter"] == 3
+    assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=2",
+                                "--sweep", "residual=true")) == 0
+    assert checkpoint.load(run / "ckpt.pt")["iter"] == 6
+    assert "resuming" in (run / "log.txt").read_text()
+
+
 def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():
     styles = sweep._styles(45)
     assert len(set(styles)) == 40                       # 10 hues x 4 line styles, then round again

@@ -216,6 +216,12 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     with pytest.raises(UserError, match="resume=true continues the run in out_dir and overwrite=true "
                                         "replaces it; give one of them"):
         TrainConfig(resume=True, overwrite=True)
+    # a run started with --overwrite=true resumes like any other
+    other = tmp_path / "other"
+    assert train.main(tiny_args(data_dir, other, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
+    assert train.main([f"--out_dir={other}", "--resume", "--max_iters=4"]) == 0
+    assert checkpoint.load(other / "ckpt.pt")["iter"] == 4
+    capsys.readouterr()
     # told, a second run that diverges before its first save: no file of the first may remain
     assert train.main([*second, "--overwrite=true"]) == 3
     said = capsys.readouterr()
