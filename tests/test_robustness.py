@@ -861,7 +861,8 @@ def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
     assert proc.returncode == 2 and proc.stderr == ""
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py"])
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "data/shakespeare_char/prepare.py",
+                                    "data/shakespeare/prepare.py"])
 def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
     # the Ctrl-C lands in the imports, where loading torch spends its seconds
     code = ("import builtins, runpy, sys\n"
