@@ -58,7 +58,8 @@ def _broken(path: Path, detail: str = "") -> str:
     best = path.with_name("ckpt_best.pt")
     spare = (f"; {best} may be whole: sample it with --ckpt=best, or copy it to {path.name} to "
              "resume from it") if path.name == "ckpt.pt" and best.is_file() else ""
-    return f"{path} is not a readable checkpoint (truncated or corrupt){f': {detail}' if detail else ''}{spare}"
+    detail = f": {detail}" if detail else ""
+    return f"{path} is not a readable checkpoint (truncated or corrupt){detail}{spare}"
 
 
 def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -> dict:

@@ -179,5 +179,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with interrupt_in_one_line(), output_may_close():    # the picture is the product; the path printed is a courtesy
+    # the picture is the product, the path printed a courtesy; Ctrl-C: one line
+    with interrupt_in_one_line(), output_may_close():
         sys.exit(main())

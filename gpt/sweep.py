@@ -548,5 +548,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with interrupt_in_one_line(), output_may_close(product=True):    # | head: no traceback for the reader going away
+    # | head: no traceback for the reader going away; Ctrl-C: one line
+    with interrupt_in_one_line(), output_may_close(product=True):
         sys.exit(main())
