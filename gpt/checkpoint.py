@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, TrainConfig, UserError, build, saved_problem
-from .model import GPT
+from .model import GPT, weights_mismatch
 
 FORMAT = "gpt-checkpoint-1"
 
@@ -155,6 +155,11 @@ def is_sweep(folder: Path) -> bool:
     return (Path(folder) / "sweep.json").is_file()
 
 
+def saved_in(folder: Path) -> list[str]:
+    """The run checkpoints folder holds: a run's, to continue or to keep."""
+    return [name for name in ("ckpt.pt", "ckpt_best.pt") if (Path(folder) / name).exists()]
+
+
 def model_config(ckpt: dict) -> GPTConfig:
     return build(GPTConfig, ckpt["model_config"])
 
@@ -167,12 +172,11 @@ def load_model(ckpt: dict) -> GPT:
 
 
 def load_weights(model: GPT, ckpt: dict) -> None:
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        detail = " ".join(str(e).split())
+    problem = weights_mismatch(ckpt["model"], model.state_dict())
+    if problem:
         raise UserError(f"the checkpoint's weights do not fit its own model config, so it was written "
-                        f"by another version of this project ({detail[:300]})") from None
+                        f"by another version of this project ({problem})")
+    model.load_state_dict(ckpt["model"])
 
 
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):

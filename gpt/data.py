@@ -304,16 +304,13 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
         out_dir = Path(args.out_dir) if args.out_dir is not None else default_dir
         source = Path(args.input) if args.input else out_dir / "input.txt"
-        text = read_text(source) if args.input else read_text(source, url)
+        text = read_text(source, None if args.input else url)
         if not text:
             raise UserError(f"{source} is empty; give a text file to prepare")
         meta = prepare(text, out_dir, tokenizer)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "
           f"{meta['val_tokens']:,} val tokens")
     return 0

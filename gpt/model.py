@@ -423,24 +423,24 @@ class GPT(nn.Module):
             state[key if key.startswith("lm_head") else f"transformer.{key}"] = value
         if "transformer.wte.weight" in state:
             state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-        check_fits(state, model.state_dict(), file, folder / "config.json")
+        problem = weights_mismatch(state, model.state_dict())
+        if problem:
+            raise UserError(f"the weights in {file} do not fit {folder / 'config.json'}: {problem}")
         model.load_state_dict(state)
         return model
 
 
-def check_fits(state: dict, expected: dict, file: Path, config: Path) -> None:
-    """Weights that miss tensors, add some, or differ in shape from what config describes are
-    refused with the first few of each named; torch's own message lists every missing key."""
+def weights_mismatch(state: dict, expected: dict) -> str:
+    """How state differs from the state_dict `expected`: the first few tensors missing, unexpected
+    or of another shape, each named; empty when it fits. torch's own message lists every key."""
     problems = {
         "missing": [k for k in expected if k not in state],
         "unexpected": [k for k in state if k not in expected],
         "of another shape": [f"{k} {tuple(v.shape)}, not {tuple(expected[k].shape)}"
                              for k, v in state.items() if k in expected and v.shape != expected[k].shape],
     }
-    parts = [f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
-             for kind, names in problems.items() if names]
-    if parts:
-        raise UserError(f"the weights in {file} do not fit {config}: {'; '.join(parts)}")
+    return "; ".join(f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' * (len(names) > 3)})"
+                     for kind, names in problems.items() if names)
 
 
 def read_weights(folder: Path) -> tuple[Path, dict]:

@@ -165,7 +165,7 @@ def run(args, argv: list[str]) -> int:
     if base_seed + sweep_cfg.seeds > 2 ** 32:
         raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "
                         f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower seed")
-    held = [name for name in ("ckpt.pt", "ckpt_best.pt") if (out_dir / name).exists()]
+    held = checkpoint.saved_in(out_dir)
     if held:    # the run could no longer be resumed once it is a sweep's folder
         raise UserError(f"out_dir={str(out_dir)!r} holds a run ({' and '.join(held)}); its sweep "
                         "folders would mix with it; choose another --out_dir")

@@ -527,7 +527,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     if master:          # only now, so a start that fails on its data or size leaves no folder
         _writable(out_dir)
         holds.enter_context(checkpoint.hold_folder(out_dir))
-        held = [name for name in ("ckpt.pt", "ckpt_best.pt") if (out_dir / name).exists()]
+        held = checkpoint.saved_in(out_dir)
         if held and not cfg.resume and not cfg.overwrite:
             raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; continue it with "
                             f"--out_dir={shlex.quote(str(out_dir))} --resume, replace it with "

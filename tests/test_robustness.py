@@ -880,7 +880,8 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
 
 
-@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics"])
+@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics",
+                                    "data/shakespeare_char/prepare.py"])
 def test_a_ctrl_c_in_a_module_command_gets_one_line(module, tmp_path):
     # the Ctrl-C lands once the command runs: in the first file it opens, or its first model
     code = ("import builtins, io, runpy, sys, torch\n"
@@ -889,8 +890,11 @@ def test_a_ctrl_c_in_a_module_command_gets_one_line(module, tmp_path):
             "builtins.open = io.open = interrupted\n"
             "torch.manual_seed = interrupted\n"
             f"sys.argv = [{module!r}, *{{'gpt.sweep': ['report', {str(tmp_path)!r}], "
-            f"'gpt.inspect': ['run', {str(tmp_path)!r}], 'gpt.diagnostics': ['grad-depth']}}[{module!r}]]\n"
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+            f"'gpt.inspect': ['run', {str(tmp_path)!r}], 'gpt.diagnostics': ['grad-depth'], "
+            f"'data/shakespeare_char/prepare.py': ['--input', {str(tmp_path / 'sweep.json')!r}, "
+            f"'--out_dir', {str(tmp_path / 'out')!r}]}}[{module!r}]]\n"
+            + (f"runpy.run_path({module!r}, run_name='__main__')\n" if module.endswith(".py") else
+               f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n"))
     (tmp_path / "sweep.json").write_text("{}")
     (tmp_path / "metrics.jsonl").write_text("")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
