@@ -363,9 +363,45 @@ def drawn(group: list[dict]) -> list[dict]:
     return [r for r in group if r["status"] in ("finished", "not run") and not r["diverged"]]
 
 
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile (p >= 0.5) of Student's t distribution with df >= 1 degrees of freedom,
+    fractional ones included (Welch's test makes them): bisection on its CDF, the density
+    integrated by Simpson's rule, which is exact to about 1e-9 here and needs no SciPy."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float, steps: int = 2000) -> float:
+        h = x / steps
+        density = [math.exp(log_norm - (df + 1) / 2 * math.log1p((i * h) ** 2 / df))
+                   for i in range(steps + 1)]
+        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2])
+                              + 2 * sum(density[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def versus(base: dict, s: dict) -> str:
+    """A setting's mean final loss against the baseline's: better or worse when Welch's t-test
+    (unequal variances, two-sided, 5%) finds a difference, else within noise. Each comparison
+    alone is at 5%: of ten settings no better than the baseline, one may still be flagged."""
+    diff = s["mean"] - base["mean"]
+    a, b = s["std"] ** 2 / s["n"], base["std"] ** 2 / base["n"]
+    if a + b == 0:      # no spread at all: any difference is beyond it
+        real = diff != 0
+    else:               # Welch-Satterthwaite degrees of freedom
+        df = (a + b) ** 2 / (a ** 2 / (s["n"] - 1) + b ** 2 / (base["n"] - 1))
+        real = abs(diff) > t_quantile(0.975, df) * math.sqrt(a + b)
+    return f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}" if real else f"within noise ({diff:+.3f})"
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per setting: final val loss mean and std over seeds, and whether it differs from
-    the first setting (the baseline) by more than two standard errors of the difference."""
+    """One row per setting: final val loss mean and std over seeds, and how it compares with the
+    first setting (the baseline)."""
     out = []
     for label, group in by_setting(rows).items():
         ran = [r for r in group if r["status"] in DONE]
@@ -386,10 +422,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         elif s["n"] < 2 or base["n"] < 2:
             s["vs_baseline"] = "needs 2+ seeds"
         else:
-            noise = 2 * math.sqrt(s["std"] ** 2 / s["n"] + base["std"] ** 2 / base["n"])
-            diff = s["mean"] - base["mean"]
-            s["vs_baseline"] = (f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}"
-                                if abs(diff) > noise else f"within noise ({diff:+.3f})")
+            s["vs_baseline"] = versus(base, s)
     return out
 
 
@@ -516,8 +549,9 @@ def report(out_dir: Path) -> str:
             writer.writerows(rows)
         (out_dir / "summary.md").write_text(
             f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
-            "Baseline: the first setting. 'worse/better' means the difference of the means exceeds two "
-            "standard errors of that difference (seed noise); with one seed there is no noise estimate.\n\n"
+            "Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided, 5%) over the "
+            "seeds finds the means differ; with one seed there is no noise estimate. Each setting is "
+            "tested alone: of ten settings no better than the baseline, one may still be flagged.\n\n"
             f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
         plot(rows, out_dir / "curves.png")
         plot_diagnostics(rows, out_dir / "diagnostics.png")

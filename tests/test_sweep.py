@@ -128,6 +128,27 @@ def test_summary_flags_differences_beyond_seed_noise():
     assert summary[1]["mean"] == pytest.approx(2.30) and summary[1]["std"] == pytest.approx(0.01)
 
 
+def test_t_quantiles_match_the_tables():
+    # two-sided 5% critical values of Student's t, from any statistics table
+    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
+        assert sweep.t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
+    assert sweep.t_quantile(0.975, 2.5) == pytest.approx(3.5747, abs=5e-4)    # scipy.stats.t.ppf
+
+
+def test_a_difference_of_two_and_a_half_standard_errors_is_noise_at_three_seeds():
+    # 3 seeds each, equal spread: Welch's test has 4 degrees of freedom, critical t 2.776; two
+    # standard errors (the old rule) would call 2.5 a difference, though it happens by chance
+    # in about 7% of identical pairs
+    base = {"mean": 2.0, "std": 0.01, "n": 3}
+    se = (2 * 0.01 ** 2 / 3) ** 0.5
+    assert sweep.versus(base, {"mean": 2.0 + 2.5 * se, "std": 0.01, "n": 3}).startswith("within noise")
+    assert sweep.versus(base, {"mean": 2.0 - 2.9 * se, "std": 0.01, "n": 3}) == f"better by {2.9 * se:.3f}"
+    # no spread on either side: any difference is real, none is not
+    still = {"mean": 3.342, "std": 0.0, "n": 3}
+    assert sweep.versus(still, {"mean": 3.341, "std": 0.0, "n": 3}) == "better by 0.001"
+    assert sweep.versus(still, dict(still)) == "within noise (+0.000)"
+
+
 def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
     assert sweep.main(["report", str(tmp_path)]) == 2
     assert "sweep.json does not exist" in capsys.readouterr().err
