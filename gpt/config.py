@@ -207,6 +207,9 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables")
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps")
     eval_iters: int = opt(200, "batches per split in each evaluation")
+    eval_batch_size: int = opt(0, "sequences per evaluation batch; 0 uses batch_size. The windows "
+                               "scored depend on eval_iters, this and block_size alone: give it to "
+                               "compare runs of different batch_size on the same text")
     log_interval: int = opt(10, "write a train-loss line to metrics.jsonl every this many steps")
     diagnostics: bool = opt(True, "log per-block gradient norm, update/weight ratio, residual RMS, "
                                   "position similarity and per-head attention entropy at each evaluation")
@@ -224,7 +227,7 @@ class TrainConfig:
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
                   "eval_iters", "log_interval", "learning_rate")
         for name in ("min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
-                     "threads"):
+                     "threads", "eval_batch_size"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         _check_seed(self.seed)

@@ -254,26 +254,27 @@ class Batches:
         """n_batches micro-batches as (x, y) with shapes (n_batches, B, T)."""
         windows = self.data[split]
         ix = torch.randint(len(windows), (n_batches * self.batch_size,), generator=self.generator)
-        batch = self._gather(windows, ix.numpy(), n_batches)
+        batch = self._gather(windows, ix.numpy(), n_batches, self.batch_size)
         if self.pin:
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         elif batch.device != torch.device(self.device):
             batch = batch.to(self.device)
         return batch[..., :-1], batch[..., 1:]
 
-    def evenly_spaced(self, split: str, n_batches: int):
-        """n_batches micro-batches of windows spread evenly over the split, (n_batches, B, T)
-        each for x and y. Every evaluation of every run scores the same windows, spread from the
-        split's start to its end (a sample of it, not all of it: `diagnostics.whole_split_loss`
-        scores every token), so the estimate has less variance than random windows."""
+    def evenly_spaced(self, split: str, n_batches: int, batch_size: int):
+        """n_batches micro-batches of batch_size windows spread evenly over the split, (n_batches,
+        B, T) each for x and y. The windows depend on n_batches * batch_size and block_size alone,
+        so every evaluation of every run with those scores the same text, spread from the split's
+        start to its end (a sample of it, not all of it: `diagnostics.whole_split_loss` scores
+        every token), and the estimate has less variance than random windows."""
         windows = self.data[split]
-        ix = np.linspace(0, len(windows) - 1, n_batches * self.batch_size).astype(np.int64)
-        batch = self._gather(windows, ix, n_batches).to(self.device)
+        ix = np.linspace(0, len(windows) - 1, n_batches * batch_size).astype(np.int64)
+        batch = self._gather(windows, ix, n_batches, batch_size).to(self.device)
         return batch[..., :-1], batch[..., 1:]
 
-    def _gather(self, windows: np.ndarray, ix: np.ndarray, n_batches: int) -> torch.Tensor:
+    def _gather(self, windows: np.ndarray, ix: np.ndarray, n_batches: int, batch_size: int) -> torch.Tensor:
         rows = torch.from_numpy(windows[ix].astype(np.int64))               # (n * B, T + 1)
-        return rows.view(n_batches, self.batch_size, self.block_size + 1)
+        return rows.view(n_batches, batch_size, self.block_size + 1)
 
     def state(self) -> torch.Tensor:
         return self.generator.get_state()

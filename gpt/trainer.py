@@ -524,6 +524,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     check_fits(model_cfg, device)
     seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
+    eval_batch = cfg.eval_batch_size or cfg.batch_size
     if master:          # only now, so a start that fails on its data or size leaves no folder
         _writable(out_dir)
         holds.enter_context(checkpoint.hold_folder(out_dir))
@@ -624,7 +625,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         raw_model.eval()
         out = {}
         for split in ("train", "val"):
-            xs, ys = batches.evenly_spaced(split, cfg.eval_iters)
+            xs, ys = batches.evenly_spaced(split, cfg.eval_iters, eval_batch)
             losses = []
             for x, y in zip(xs, ys):
                 if stoppable and stop.signal and world == 1:
@@ -671,7 +672,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                        "tokens_per_sec": tokens_since / since_tick if tokens_since else 0.0,
                        "elapsed_s": elapsed(), "unigram_loss": unigram}
                 if cfg.diagnostics:
-                    x, y = batches.evenly_spaced("val", 1)
+                    x, y = batches.evenly_spaced("val", 1, eval_batch)
                     row.update(measure_diagnostics(raw_model, x[0], y[0], optimizer))
                 last_eval = it
                 finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])

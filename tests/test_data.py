@@ -168,7 +168,7 @@ def test_batches_are_shifted_windows_and_reproducible(data_dir):
 
 def test_evaluation_windows_run_from_the_start_of_the_split_to_its_end(data_dir):
     val = np.fromfile(data_dir / "tiny" / "val.bin", dtype=np.uint16).astype(np.int64)
-    x, y = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3).evenly_spaced("val", 3)    # 12 windows
+    x, y = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3).evenly_spaced("val", 3, 4)    # 12 windows
     starts = np.linspace(0, len(val) - 17, 12).astype(np.int64)
     assert starts[-1] - starts[0] > 0.9 * len(val)
     for row, start in zip(x.reshape(12, 16).tolist(), starts):
@@ -185,7 +185,7 @@ def test_block_size_longer_than_the_data(tmp_path):
 def test_a_split_of_block_size_plus_one_tokens_has_its_one_window(tmp_path):
     prepare("abcdefghij" * 3, tmp_path)         # 27 train tokens, 3 val tokens: "hij"
     batches = Batches(tmp_path, 2, 4, "cpu", 0)
-    x, y = batches.evenly_spaced("val", 1)
+    x, y = batches.evenly_spaced("val", 1, 4)
     assert x.tolist() == [[[7, 8]] * 4] and y.tolist() == [[[8, 9]] * 4]
     with pytest.raises(UserError, match="has 3 tokens, too few for block_size=3"):
         Batches(tmp_path, 3, 4, "cpu", 0)

@@ -101,6 +101,26 @@ def test_a_relative_out_dir_is_one_folder_wherever_the_sweep_starts(data_dir, tm
     assert (run / "ckpt.pt").exists() and (run / "result.json").exists()
 
 
+def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
+                                "--sweep", "batch_size=4,2")) == 0
+    assert "on eval_iters batches of 4 windows (--eval_batch_size)" in capsys.readouterr().out
+    firsts = []
+    for b in (4, 2):
+        folder = out / f"batch_size={b}__seed=1337"
+        assert json.loads((folder / "config.json").read_text())["train"]["eval_batch_size"] == 4
+        firsts.append([e for e in map(json.loads, open(folder / "metrics.jsonl")) if e["kind"] == "eval"][0])
+    assert firsts[0]["val_loss"] == firsts[1]["val_loss"]      # same initial weights, same text
+    # given by the user, it is kept
+    capsys.readouterr()
+    assert train.main(tiny_args(data_dir, tmp_path / "sw2", "--max_iters=2", "--eval_interval=2",
+                                "--eval_batch_size=3", "--sweep", "batch_size=4,2")) == 0
+    assert "--eval_batch_size)" not in capsys.readouterr().out
+    config = json.loads((tmp_path / "sw2" / "batch_size=2__seed=1337" / "config.json").read_text())
+    assert config["train"]["eval_batch_size"] == 3
+
+
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps

@@ -248,11 +248,22 @@ def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     assert [f"--{f.split('=')[0][2:]}={shown(getattr(cfg, f.split('=')[0][2:]))}" for f in flags] == flags
     model, tok = checkpoint.load_for_sampling(out)
     assert tok.vocab_size == cfg.vocab_size and ckpt["meta"]["tokenizer"] == "char"
-    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", seed=0).evenly_spaced("val", 2)     # eval_iters=2
+    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", seed=0).evenly_spaced("val", 2, 4)  # eval_iters=2
     with torch.no_grad():
         loss = sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / 2
     final = [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"][-1]
     assert loss == pytest.approx(final["val_loss"], abs=1e-6)
+
+
+def test_runs_of_different_batch_size_are_scored_on_the_same_windows_given_eval_batch_size(data_dir, tmp_path):
+    # the weights at iteration 0 depend on the seed alone, so equal first evaluations mean equal text
+    def first_val(name, *flags):
+        out = tmp_path / name
+        assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", *flags)) == 0
+        return [r for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval"][0]["val_loss"]
+    four = first_val("b4", "--batch_size=4")
+    assert first_val("b2", "--batch_size=2", "--eval_batch_size=4") == four
+    assert first_val("b2_own", "--batch_size=2") != four      # by default, its own batch size
 
 
 def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
