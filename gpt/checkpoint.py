@@ -8,6 +8,8 @@ disk and renamed over the old one: a process killed at any moment leaves a loada
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 import pickle
 import re
@@ -20,6 +22,17 @@ from .config import GPTConfig, TrainConfig, UserError, build, saved_problem
 from .model import GPT, weights_mismatch
 
 FORMAT = "gpt-checkpoint-1"
+
+
+@functools.cache
+def code_version() -> str:
+    """A fingerprint of this package's source, every gpt/*.py: runs that share it were trained by
+    the same code. Any edit changes it, a comment's too, so a difference says the results may
+    differ, not that they do."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def save(obj: dict, path: Path) -> None:

@@ -29,7 +29,7 @@ from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, read_jsonl,
-                      write_json)
+                      recorded_codes, write_json)
 
 
 @dataclass
@@ -189,6 +189,12 @@ def run(args, argv: list[str]) -> int:
             raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
                             f"{'; '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
+    older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
+             and recorded_codes(r.folder / "config.json") != [checkpoint.code_version()]]
+    if older:
+        print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
+              "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
+              "marks them; delete a run's folder to train it again")
     for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
@@ -343,6 +349,7 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
+               "code": " ".join(recorded_codes(r.folder / "config.json")) or "unknown",
                "_setting": setting_label(r.setting), "_evals": evals,
                "_short": ", ".join(_text(v) for v in r.setting.values()) or "base",
                "_axes": ", ".join(r.setting) or "setting"}
@@ -546,8 +553,12 @@ def report(out_dir: Path) -> str:
     out_dir = Path(out_dir)
     sweep, rows = collect(out_dir)
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
-               "tokens_per_sec", "elapsed_s", "diverged", "status"]
+               "tokens_per_sec", "elapsed_s", "diverged", "status", "code"]
     table = summary_table(summarize(rows))
+    older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
+    if older:
+        table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "
+                  f"the present ({checkpoint.code_version()}): see the code column of sweep.csv.")
     try:
         with open(out_dir / "sweep.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

@@ -447,6 +447,15 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     return flags
 
 
+def recorded_codes(path: Path) -> list[str]:
+    """The code versions recorded in a run's config.json; none for a run older than the record."""
+    try:
+        codes = json.loads(path.read_text()).get("code", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [c for c in codes if isinstance(c, str)] if isinstance(codes, list) else []
+
+
 def how_to_continue(out_dir: Path) -> str:
     if checkpoint.is_sweep(out_dir.parent):     # a run of a sweep
         return "the sweep's command, run again, continues it"
@@ -569,7 +578,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if any(p.name.startswith("ckpt") for p in old):
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
-    config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
+    # every version of the code that trained the run, so a sweep can tell results of older code
+    codes = recorded_codes(out_dir / "config.json") if cfg.resume else []
+    config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
+                     "code": codes + [c for c in [checkpoint.code_version()] if c not in codes]}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
     if master:
         if cfg.resume:

@@ -121,6 +121,25 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     assert config["train"]["eval_batch_size"] == 3
 
 
+def test_runs_trained_by_other_code_are_marked(data_dir, tmp_path, capsys):
+    from gpt.checkpoint import code_version
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true,false")
+    assert train.main(argv) == 0
+    assert "other code" not in capsys.readouterr().out
+    config = out / "residual=false__seed=1337" / "config.json"
+    record = json.loads(config.read_text())
+    assert record["code"] == [code_version()]
+    record["code"] = ["0123456789ab"]              # as if gpt/ had been edited since it ran
+    config.write_text(json.dumps(record))
+    assert train.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "1 of the runs kept were trained, in whole or in part, by other code than this" in printed
+    assert f"1 of these runs were trained, in whole or in part, by other code than the present ({code_version()})" \
+        in (out / "summary.md").read_text()
+    assert [r["code"] for r in csv.DictReader(open(out / "sweep.csv"))] == [code_version(), "0123456789ab"]
+
+
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps

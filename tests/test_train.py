@@ -266,6 +266,18 @@ def test_runs_of_different_batch_size_are_scored_on_the_same_windows_given_eval_
     assert first_val("b2_own", "--batch_size=2") != four      # by default, its own batch size
 
 
+def test_config_json_records_every_code_version_that_trained_the_run(data_dir, tmp_path):
+    from gpt.checkpoint import code_version
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    record = json.loads((out / "config.json").read_text())
+    assert record["code"] == [code_version()] and len(code_version()) == 12
+    record["code"] = ["0123456789ab"]              # the first part trained by other code
+    (out / "config.json").write_text(json.dumps(record))
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 0
+    assert json.loads((out / "config.json").read_text())["code"] == ["0123456789ab", code_version()]
+
+
 def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 0
