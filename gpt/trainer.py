@@ -96,8 +96,8 @@ def out_of_memory_message(text: str) -> str:
         scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
         size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
     return (f"out of memory{size}; lower batch_size (raising gradient_accumulation_steps keeps the "
-            "batch per step) or eval_iters, which --resume may change, or block_size or the model's "
-            "size in a new run; checkpoints already saved are whole")
+            "batch per step), eval_iters or eval_batch_size, which --resume may change, or "
+            "block_size or the model's size in a new run; checkpoints already saved are whole")
 
 
 def launcher(world: int) -> list[str]:

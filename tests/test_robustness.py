@@ -207,8 +207,8 @@ def test_running_out_of_memory_mid_run_stops_with_one_line_and_the_run_resumes(d
     assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 2
     assert capsys.readouterr().err == (
         f"error: out of memory{size}; lower batch_size (raising gradient_accumulation_steps keeps the "
-        "batch per step) or eval_iters, which --resume may change, or block_size or the model's size in "
-        "a new run; checkpoints already saved are whole\n")
+        "batch per step), eval_iters or eval_batch_size, which --resume may change, or block_size or "
+        "the model's size in a new run; checkpoints already saved are whole\n")
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
