@@ -4,10 +4,11 @@ Every option is a field of gpt.config (python train.py --help lists them). With 
 a sweep config, runs the whole grid (see gpt.sweep)."""
 
 import sys
+from pathlib import Path
 
 try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
     from gpt import sweep, trainer
-    from gpt.config import SECTIONS, SweepConfig, UserError, build, help_text, parse_argv
+    from gpt.config import SECTIONS, SweepConfig, TrainConfig, UserError, build, help_text, parse_argv
     from gpt.console import output_may_close
 except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
@@ -40,8 +41,10 @@ def run(argv: list[str]) -> int:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
+        out_dir = Path(args.values.get("out_dir", TrainConfig.out_dir)) if args else None
         print("sweep interrupted; run the same command again to continue" if sweeping else
-              "interrupted; a checkpoint already saved is whole, and --resume continues from it",
+              "interrupted; a checkpoint already saved is whole, and --resume continues from it"
+              if out_dir and (out_dir / "ckpt.pt").exists() else "interrupted; no checkpoint was saved",
               file=sys.stderr)
         return 130
     return trainer.exit_status(summary["stopped_by"])

@@ -412,7 +412,12 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
             if checkpoint.is_sweep(path.parent):
                 raise UserError(f"--resume: {path.parent} is a sweep; run the sweep's own command "
                                 "again, without --resume, to continue its runs")
-            raise UserError(f"--resume: nothing to resume, {path} does not exist")
+            if path.parent.is_dir():
+                with checkpoint.hold_folder(path.parent):   # a run not yet at its first checkpoint
+                    pass
+            best = path.with_name("ckpt_best.pt")
+            hint = f" ({best.name} is: copy it to {path.name} to continue from it)" if best.exists() else ""
+            raise UserError(f"--resume: nothing to resume, {path} does not exist{hint}")
         ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         if isinstance(base_train, dict):    # how that run was started is not how this one is
@@ -539,9 +544,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         holds.enter_context(checkpoint.hold_folder(out_dir))
         held = checkpoint.saved_in(out_dir)
         if held and not cfg.resume and not cfg.overwrite:
-            raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; continue it with "
-                            f"--out_dir={shlex.quote(str(out_dir))} --resume, replace it with "
-                            "--overwrite=true, or choose another --out_dir")
+            go_on = (f"continue it with --out_dir={shlex.quote(str(out_dir))} --resume" if "ckpt.pt" in held
+                     else "continue it by copying it to ckpt.pt and passing --resume")
+            raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; {go_on}, replace it "
+                            "with --overwrite=true, or choose another --out_dir")
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)
@@ -704,13 +710,14 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                     if not cfg.skip_nonfinite:
                         raise diverged(f"the evaluation loss became {row['val_loss']}", it)
                 elif master:
-                    if row["val_loss"] < best_val:
-                        best_val = row["val_loss"]
-                        if it > 0:          # an untrained model is not worth a file
-                            save("ckpt_best.pt", it)
-                    if it > 0:
+                    improved = row["val_loss"] < best_val
+                    best_val = min(best_val, row["val_loss"])
+                    if it > 0:          # an untrained model is not worth a file
+                        # ckpt.pt first: should the disk fill, the run can still be resumed
                         save("ckpt.pt", it)
                         last_saved = it
+                        if improved:
+                            save("ckpt_best.pt", it)
                 summary.update(row)
                 tick, tokens_since = time.perf_counter(), 0
                 step_end = tick             # step times leave evaluation out

@@ -3,6 +3,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,13 +157,14 @@ def test_a_pickled_object_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "boom-was-run").exists()
 
 
-def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_resumes(data_dir, tmp_path, monkeypatch,
-                                                                          capsys):
+@pytest.mark.parametrize("saves_before", [0, 1, 2])
+def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_goes_on(data_dir, tmp_path, monkeypatch,
+                                                                          capsys, saves_before):
     out, real, calls = tmp_path / "run", torch.save, []
 
     def full_disk(obj, f):                  # as torch reports it: an OSError, then a RuntimeError
         calls.append(1)
-        if len(calls) <= 2:                 # ckpt_best.pt and ckpt.pt at the first evaluation
+        if len(calls) <= saves_before:      # 2: ckpt.pt and ckpt_best.pt at the first evaluation
             return real(obj, f)
         f.write(b"x" * 1000)
         try:
@@ -170,15 +172,21 @@ def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_resumes(data_d
         except OSError:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64")
     monkeypatch.setattr(torch, "save", full_disk)
-    assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 2
+    argv = tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")
+    assert train.main(argv) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: cannot save {out / 'ckpt_best.pt'} (No space left on device); the "
-                   f"ckpt_best.pt from before is unchanged; once it can be written, continue with "
-                   f"--out_dir={out} --resume\n")
+    name = "ckpt_best.pt" if saves_before == 1 else "ckpt.pt"
+    kept = f"no {name} was written" if saves_before < 2 else f"the {name} from before is unchanged"
+    go_on = "" if saves_before == 0 else f"; once it can be written, continue with --out_dir={out} --resume"
+    assert err == f"error: cannot save {out / name} (No space left on device); {kept}{go_on}\n"
     assert not list(out.glob("*.tmp"))
-    assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
     monkeypatch.setattr(torch, "save", real)
-    assert train.main([f"--out_dir={out}", "--resume"]) == 0
+    if saves_before == 0:       # nothing was kept, so nothing stands in the way of the same command
+        assert checkpoint.saved_in(out) == []
+        assert train.main(argv) == 0
+    else:
+        assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
+        assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
 
 
@@ -441,6 +449,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
      r"ckpt_best.pt does not exist \(no evaluation after the first has saved one yet\); --ckpt=latest"),
+    ("sample the latest checkpoint of a run that has only its best", "sample",
+     lambda d, t, g: [f"--out_dir={_without_latest(g)}"],
+     r"ckpt.pt does not exist; --ckpt=best samples ckpt_best.pt\n$"),
     ("resume with a damaged training config", "train",
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': 'fast'})}", "--resume", "--max_iters=4"],
      r"cannot be used: its train_config: not a table of values\n$"),
@@ -498,6 +509,12 @@ def _edited(good, drop=None, parts=None, **model_config):
 def _without_best(good):
     folder = _edited(good)
     (folder / "ckpt_best.pt").unlink(missing_ok=True)
+    return folder
+
+
+def _without_latest(good):
+    folder = _edited(good)
+    (folder / "ckpt.pt").rename(folder / "ckpt_best.pt")
     return folder
 
 
@@ -751,6 +768,42 @@ def test_two_processes_never_train_in_one_folder(data_dir, tmp_path, capsys):
         assert train.main(tiny_args(data_dir, sweep, "--max_iters=2", "--sweep", "n_layer=1")) == 2
     assert f"another process (a run or a sweep) is using {sweep}" in capsys.readouterr().err
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 0     # free again
+    early = tmp_path / "early"                  # a run before its first checkpoint
+    early.mkdir()
+    with checkpoint.hold_folder(early):
+        assert train.main([f"--out_dir={early}", "--resume"]) == 2
+    assert f"another process (a run or a sweep) is using {early}" in capsys.readouterr().err
+
+
+def test_a_folder_with_ckpt_best_alone_says_how_to_continue_from_it(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    (out / "ckpt.pt").unlink()                  # as a full disk at the first save used to leave it
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (
+        f"error: {out} holds an earlier run's ckpt_best.pt; continue it by copying it to ckpt.pt and "
+        "passing --resume, replace it with --overwrite=true, or choose another --out_dir\n")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 2
+    assert capsys.readouterr().err == (f"error: --resume: nothing to resume, {out / 'ckpt.pt'} does not "
+                                       "exist (ckpt_best.pt is: copy it to ckpt.pt to continue from it)\n")
+    shutil.copy(out / "ckpt_best.pt", out / "ckpt.pt")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 0
+
+
+def test_a_second_interrupt_says_whether_a_checkpoint_was_kept(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt import trainer
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(trainer, "train", interrupted)
+    out = tmp_path / "o"
+    assert train.main(tiny_args(data_dir, out)) == 130
+    assert capsys.readouterr().err == "interrupted; no checkpoint was saved\n"
+    out.mkdir()
+    (out / "ckpt.pt").write_bytes(b"")
+    assert train.main(tiny_args(data_dir, out)) == 130
+    assert capsys.readouterr().err == ("interrupted; a checkpoint already saved is whole, and --resume "
+                                       "continues from it\n")
 
 
 def test_a_folder_that_cannot_be_locked_is_trained_in_anyway(data_dir, tmp_path, monkeypatch):
