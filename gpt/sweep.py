@@ -350,11 +350,36 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
                "code": " ".join(recorded_codes(r.folder / "config.json")) or "unknown",
+               "_config": _settings_of(r.folder),
                "_setting": setting_label(r.setting), "_evals": evals,
                "_short": ", ".join(_text(v) for v in r.setting.values()) or "base",
                "_axes": ", ".join(r.setting) or "setting"}
         rows.append(row)
     return sweep, rows
+
+
+def _settings_of(folder: Path) -> dict:
+    """A run's recorded settings, model and training in one table; none before it has started."""
+    path = folder / "config.json"
+    record = _read_json(path) if path.exists() else {}
+    return {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
+            for k, v in record[section].items()}
+
+
+def odd_runs(rows: list[dict], axes) -> list[str]:
+    """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
+    have: one resumed by hand with more steps, say. The tables would average two experiments."""
+    skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
+    names = {k for r in rows for k in r["_config"]} - skip
+    odd = {}
+    for name in sorted(names):
+        values = [json.dumps(r["_config"][name]) for r in rows if name in r["_config"]]
+        usual = max(set(values), key=values.count)
+        for r in rows:
+            if name in r["_config"] and json.dumps(r["_config"][name]) != usual:
+                odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
+                    f"{name}={shown(r['_config'][name])} (the others {shown(json.loads(usual))})")
+    return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()]
 
 
 def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
@@ -555,6 +580,10 @@ def report(out_dir: Path) -> str:
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
                "tokens_per_sec", "elapsed_s", "diverged", "status", "code"]
     table = summary_table(summarize(rows))
+    odd = odd_runs(rows, sweep["axes"])
+    if odd:
+        table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
+                  "in above: " + "; ".join(odd) + ".")
     older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
     if older:
         table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "

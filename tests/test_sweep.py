@@ -140,6 +140,20 @@ def test_runs_trained_by_other_code_are_marked(data_dir, tmp_path, capsys):
     assert [r["code"] for r in csv.DictReader(open(out / "sweep.csv"))] == [code_version(), "0123456789ab"]
 
 
+def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--seeds=2",
+                                "--sweep", "residual=true,false")) == 0
+    assert "differ from the rest" not in capsys.readouterr().out
+    run = out / "residual=true__seed=1338"
+    assert train.main([f"--out_dir={run}", "--resume", "--max_iters=4"]) == 0
+    capsys.readouterr()
+    sweep.report(out)
+    note = ("Runs whose settings differ from the rest of the sweep beyond its axes, averaged in above: "
+            "residual=true__seed=1338: max_iters=4 (the others 2).")
+    assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
+
+
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps
