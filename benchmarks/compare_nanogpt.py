@@ -232,6 +232,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from gpt.console import output_may_close
-    with output_may_close(product=True):
+    from gpt.console import interrupt_in_one_line, output_may_close
+    with interrupt_in_one_line(), output_may_close(product=True):
         sys.exit(main())

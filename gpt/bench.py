@@ -11,6 +11,10 @@ is known. Sampling is timed at the caller's precision, as sample.py samples.
 
 from __future__ import annotations
 
+from .console import interrupt_quietly_while_loading
+
+interrupt_quietly_while_loading(__name__)      # before torch loads
+
 import contextlib
 import dataclasses
 import io
@@ -26,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig, TrainConfig, UserError, check_types, build, help_text, opt, parse_argv
-from .console import output_may_close, to_json
+from .console import interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .precision import matmul_precision
 from .data import load_meta
@@ -199,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
                             "steps); use --bench_iters=N")
         args = parse_argv(argv, sections)
+        if args.values.get("resume"):   # it would time the default model, not the run's
+            raise UserError("--resume: the bench times a fresh model of the settings given; give "
+                            "the run's --config and options instead")
         bench = build(BenchConfig, args.values)
         result = run(build(GPTConfig, args.values), build(TrainConfig, args.values), bench)
     except UserError as e:
@@ -212,5 +219,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with output_may_close(product=True):    # | head: no traceback for the reader going away
+    # | head: no traceback for the reader going away; Ctrl-C: one line
+    with interrupt_in_one_line(), output_may_close(product=True):
         sys.exit(main())

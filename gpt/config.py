@@ -263,7 +263,8 @@ class SampleConfig:
     out_dir: str = opt("out", "run folder whose checkpoint is sampled")
     ckpt: str = opt("latest", "latest: ckpt.pt, the last saved; best: ckpt_best.pt, the lowest val loss",
                     choices=("latest", "best"))
-    start: str = opt("\n", "prompt text, or FILE:path to read it from a file")
+    start: str = opt("\n", "prompt text (a newline by default; bash writes one as $'A\\nB'), or "
+                     "FILE:path to read it from a file")
     num_samples: int = opt(1, "number of samples to write")
     max_new_tokens: int = opt(500, "tokens generated per sample")
     temperature: float = opt(0.8, "softmax temperature; 0 picks the most likely token")

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import signal
 import sys
 
 
@@ -65,9 +66,25 @@ class _Quiet(io.TextIOBase):
         return getattr(self.stream, "encoding", None) or "utf-8"
 
 
+def _interrupted_while_loading(signum, frame):
+    with contextlib.suppress(OSError):
+        os.write(2, b"interrupted\n")     # not print: the import cut short may be inside one
+    os._exit(130)       # nothing is open yet; an exception could surface half-way through torch
+
+
+def interrupt_quietly_while_loading(module_name: str) -> None:
+    """Called first by a module run as `python -m gpt.X`: a Ctrl-C while its imports load (torch
+    takes seconds) then ends it with the one line interrupt_in_one_line gives later, not a
+    traceback from inside torch. interrupt_in_one_line hands Ctrl-C back to Python."""
+    if module_name == "__main__":
+        signal.signal(signal.SIGINT, _interrupted_while_loading)
+
+
 @contextlib.contextmanager
 def interrupt_in_one_line():
     """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     except KeyboardInterrupt:

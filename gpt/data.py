@@ -36,8 +36,10 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         unknown = sorted(set(text) - self.stoi.keys())
         if unknown:
+            typed = ("; \\n there is a backslash and an n, not a newline: bash gives one in "
+                     "$'A\\nB', or read the prompt from a file with FILE:path") if "\\n" in text else ""
             raise UserError(f"characters not in the vocabulary: {''.join(unknown)!r}; "
-                            "use only characters that occur in the training text")
+                            f"use only characters that occur in the training text{typed}")
         return [self.stoi[c] for c in text]
 
     def decode(self, ids) -> str:

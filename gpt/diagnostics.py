@@ -13,6 +13,10 @@ freshly initialised models of growing depth, with residuals on and off, pre- and
 
 from __future__ import annotations
 
+from .console import interrupt_quietly_while_loading
+
+interrupt_quietly_while_loading(__name__)      # before torch loads
+
 import math
 import sys
 
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     gd = sub.add_parser("grad-depth", help="gradient reaching the first block vs depth, at init")
     gd.add_argument("--depths", default="5,10,20,40", help="comma-separated depths")
-    gd.add_argument("--n_embd", type=int, default=64)
+    gd.add_argument("--n_embd", type=int, default=64, help="width of the model")
+    gd.add_argument("--n_head", type=int, default=4, help="attention heads; they divide n_embd")
     gd.add_argument("--seed", type=int, default=0)
     gd.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     args = parser.parse_args(argv)
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(depths) < 1:
         gd.error("--depths must be positive")
     try:
-        rows = grad_depth(depths, n_embd=args.n_embd, seed=args.seed)
+        rows = grad_depth(depths, n_embd=args.n_embd, n_head=args.n_head, seed=args.seed)
     except UserError as e:
         gd.error(str(e))
     if args.json:

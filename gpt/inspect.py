@@ -10,6 +10,10 @@ per block the gradient norm, update size, residual RMS, position similarity and 
 
 from __future__ import annotations
 
+from .console import interrupt_quietly_while_loading
+
+interrupt_quietly_while_loading(__name__)      # before torch loads
+
 import sys
 from pathlib import Path
 
@@ -165,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         folder = Path(args.out_dir if args.command == "attention" else args.run_dir)
+        if folder.is_file():    # a checkpoint or metrics.jsonl given for the folder holding it
+            raise UserError(f"{folder} is a file, not a run folder; give {folder.parent}")
         out = Path(args.out or folder / ("attention.png" if args.command == "attention" else "dashboard.png"))
         _check_picture_name(out)        # before loading or drawing anything
         if args.command == "attention":

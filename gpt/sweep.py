@@ -10,6 +10,10 @@ resumes interrupted ones. The report reads only the run folders' metrics.jsonl a
 
 from __future__ import annotations
 
+from .console import interrupt_quietly_while_loading
+
+interrupt_quietly_while_loading(__name__)      # before torch loads
+
 import csv
 import itertools
 import json

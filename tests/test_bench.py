@@ -35,6 +35,9 @@ def test_bench_rejects_bad_arguments(capsys):
         assert capsys.readouterr().err == f"error: {said}\n"
     assert bench.main(["--config", "shakespeare_char_cpu", "--max_iters=20"]) == 2
     assert "--max_iters: the bench sets it itself" in capsys.readouterr().err
+    assert bench.main(["--out_dir=out/some_run", "--resume"]) == 2     # would time the default model
+    assert capsys.readouterr().err == ("error: --resume: the bench times a fresh model of the settings "
+                                       "given; give the run's --config and options instead\n")
 
 
 def test_gpu_peaks_match_whole_model_names():

@@ -128,8 +128,12 @@ def test_bpe_prepare_round_trip(tmp_path, monkeypatch):
 
 def test_unknown_characters_are_named():
     tok = CharTokenizer(list("abc"))
-    with pytest.raises(UserError, match=r"not in the vocabulary: 'xz'"):
+    with pytest.raises(UserError, match=r"not in the vocabulary: 'xz'; use only characters that occur "
+                                        r"in the training text$"):
         tok.encode("abxcz")
+    # a newline typed as backslash-n on a command line: said what it is
+    with pytest.raises(UserError, match=r"'\\\\'; .* \\n there is a backslash and an n, not a newline"):
+        CharTokenizer(list("abn\n")).encode("a\\nb")
 
 
 def test_missing_dataset_says_what_to_do(tmp_path):

@@ -88,6 +88,12 @@ def test_grad_depth_command_prints_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {(r["depth"], r["residual"], r["norm_placement"]) for r in rows} == {
         (d, r, p) for d in (2, 3) for r in (True, False) for p in ("pre", "post")}
+    # the heads the error names are an option of the command
+    assert diagnostics_main(["grad-depth", "--depths=2", "--n_embd=18", "--n_head=3", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 4
+    with pytest.raises(SystemExit):
+        diagnostics_main(["grad-depth", "--depths=2", "--n_embd=18"])
+    assert "n_embd=18 is not divisible by n_head=4" in capsys.readouterr().err
 
 
 def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path, capsys):
@@ -161,6 +167,11 @@ def test_inspect_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"error: {tmp_path} is a sweep: its curves are in "
                                        f"{tmp_path / 'curves.png'} (python -m gpt.sweep report "
                                        f"{tmp_path}); or give one of its runs\n")
+    # the checkpoint given for its run folder
+    ckpt = tmp_path / "a=1__seed=1" / "ckpt.pt"
+    for argv in (["run", str(ckpt)], ["attention", f"--out_dir={ckpt}"]):
+        assert inspect.main(argv) == 2
+        assert capsys.readouterr().err == f"error: {ckpt} is a file, not a run folder; give {ckpt.parent}\n"
 
 
 def test_whole_split_loss_covers_every_window_once():

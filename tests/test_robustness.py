@@ -60,8 +60,8 @@ def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     proc.send_signal(sig)
     stdout, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + sig, err      # as a shell reports it: 130 for Ctrl-C, 143
-    assert (f"\n{signal.Signals(sig).name}: stopping; the steps done so far go into a checkpoint "
-            "(a second Ctrl-C stops at once)\n") in err      # said when it came, before the step ends
+    assert (f"\n{signal.Signals(sig).name}: stopping at the end of the step under way (a second "
+            "Ctrl-C stops at once)\n") in err      # said when it came, before the step ends
     stopped_at = checkpoint.load(out / "ckpt.pt")["iter"]
     assert 0 < stopped_at < 60 and f"saved {out / 'ckpt.pt'} at iteration {stopped_at}" in stdout
     assert f"continue with --out_dir={out} --resume" in stdout      # the command that works as given
@@ -931,6 +931,22 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics", "gpt.bench"])
+def test_a_ctrl_c_while_a_module_command_loads_torch_gets_one_line(module):
+    # a real SIGINT, sent as the command starts importing torch
+    code = ("import builtins, os, runpy, signal, sys\n"
+            "real = builtins.__import__\n"
+            "def importing(name, *args, **kwargs):\n"
+            "    if name == 'torch':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *args, **kwargs)\n"
+            "builtins.__import__ = importing\n"
+            f"sys.argv = [{module!r}, '--help']\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
 
 
 @pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics",
