@@ -1,5 +1,7 @@
 """A small, readable GPT for studying the transformer block."""
 
+import importlib
+
 from .config import GPTConfig, TrainConfig, UserError
 
 __all__ = ["GPT", "GPTConfig", "TrainConfig", "UserError"]
@@ -11,4 +13,14 @@ def __getattr__(name: str):
     if name == "GPT":
         from .model import GPT
         return GPT
-    raise AttributeError(f"module 'gpt' has no attribute {name!r}")
+    if name.isidentifier():     # gpt.model and the rest, as importing the package once made them
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), "GPT"})

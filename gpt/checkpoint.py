@@ -13,6 +13,7 @@ import hashlib
 import os
 import pickle
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -29,9 +30,16 @@ def code_version() -> str:
     """A fingerprint of this package's source, every gpt/*.py: runs that share it were trained by
     the same code. Any edit changes it, a comment's too, so a difference says the results may
     differ, not that they do."""
+    return fingerprint(Path(__file__).parent)
+
+
+def fingerprint(folder: Path) -> str:
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    try:    # an editor's lock files (.#model.py) are not source
+        for path in sorted(p for p in Path(folder).glob("*.py") if not p.name.startswith(".")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    except OSError:     # a file that cannot be read: nothing can be said
+        return "unknown"
     return digest.hexdigest()[:12]
 
 
@@ -45,16 +53,41 @@ def save(obj: dict, path: Path) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:    # a full disk: torch reports it as a RuntimeError
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)     # half a file would only take more of the space
-        cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
-        reason = cause.strerror if cause is not None and cause.strerror else str(e).splitlines()[0][:200]
-        kept = f"the {path.name} from before is unchanged" if path.exists() else f"no {path.name} was written"
-        raise UserError(f"cannot save {path} ({reason}); {kept}") from None
-    # the rename itself is durable only once the folder's entry is on disk; some file systems
-    # cannot sync a folder, and the file is whole either way
+        raise _not_saved(path, tmp, e) from None
+    _sync_folder(path.parent)
+
+
+def save_copy(path: Path, other: Path) -> None:
+    """Make other the same checkpoint as path, atomically: a hard link where the file system has
+    them, which takes neither space nor time (checkpoints are replaced by renaming, never written
+    into, so the two part when path is next saved), else a copy."""
+    tmp = other.with_name(other.name + ".tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, other)
+    except OSError as e:
+        raise _not_saved(other, tmp, e) from None
+    _sync_folder(other.parent)
+
+
+def _not_saved(path: Path, tmp: Path, e: Exception) -> UserError:
     with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        tmp.unlink(missing_ok=True)     # half a file would only take more of the space
+    cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
+    reason = cause.strerror if cause is not None and cause.strerror else str(e).splitlines()[0][:200]
+    kept = f"the {path.name} from before is unchanged" if path.exists() else f"no {path.name} was written"
+    return UserError(f"cannot save {path} ({reason}); {kept}")
+
+
+def _sync_folder(folder: Path) -> None:
+    # a rename is durable only once the folder's entry is on disk; some file systems cannot sync
+    # a folder, and the file is whole either way
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:

@@ -76,7 +76,8 @@ def interrupt_quietly_while_loading(module_name: str) -> None:
     """Called first by a module run as `python -m gpt.X`: a Ctrl-C while its imports load (torch
     takes seconds) then ends it with the one line interrupt_in_one_line gives later, not a
     traceback from inside torch. interrupt_in_one_line hands Ctrl-C back to Python."""
-    if module_name == "__main__":
+    # a process started with Ctrl-C ignored (a job in the background of a script) keeps it so
+    if module_name == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 

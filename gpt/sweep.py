@@ -137,6 +137,11 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
                 old = str((REPO_ROOT / old).resolve())
             if f.name == "cooldown_frac" and "wsd" not in (before.lr_schedule, cfg.lr_schedule):
                 continue    # only warmup-stable-decay reads it
+            if f.name == "eval_batch_size":     # 0 means batch_size: the windows are what counts
+                old, new = old or before.batch_size, cfg.eval_batch_size or cfg.batch_size
+                if old != new:
+                    changed.append(f"eval_batch_size={old} in the run, {new} now")
+                continue
             if f.name not in NOT_COMPARED and old != getattr(cfg, f.name):
                 changed.append(f"{f.name}={shown(old)} in the run, {shown(getattr(cfg, f.name))} now")
     return changed
@@ -177,12 +182,13 @@ def run(args, argv: list[str]) -> int:
     axes = args.sweep
     if record and set(record.get("axes", {})) == set(axes):
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
-    if "batch_size" in axes and not values.get("eval_batch_size"):
+    if "batch_size" in axes and "eval_batch_size" not in {*values, *axes}:
         # else each batch size would be scored on its own windows, and the evaluation would differ
         # with the axis: 0.04 in val loss for one model, more than the seed spread of a study
         values["eval_batch_size"] = axes["batch_size"][0]
         print(f"batch_size is an axis: every run is evaluated as the baseline is, on eval_iters "
-              f"batches of {values['eval_batch_size']} windows (--eval_batch_size)")
+              f"batches of {values['eval_batch_size']} windows (--eval_batch_size=0 gives each run "
+              "its own batch_size)")
     runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
     run_cfgs = _check_grid(values, runs)
     ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
@@ -374,16 +380,26 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
     """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
     have: one resumed by hand with more steps, say. The tables would average two experiments."""
     skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
-    names = {k for r in rows for k in r["_config"]} - skip
-    odd = {}
-    for name in sorted(names):
-        values = [json.dumps(r["_config"][name]) for r in rows if name in r["_config"]]
-        usual = max(set(values), key=values.count)
-        for r in rows:
-            if name in r["_config"] and json.dumps(r["_config"][name]) != usual:
+    odd, split = {}, []
+    for name in sorted({k for r in rows for k in r["_config"]} - skip):
+        have = [r for r in rows if name in r["_config"]
+                and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
+        counts = {}
+        for r in have:
+            value = json.dumps(r["_config"][name])
+            counts[value] = counts.get(value, 0) + 1
+        if len(counts) < 2:
+            continue
+        (usual, most), (_, next_most) = sorted(counts.items(), key=lambda kv: -kv[1])[:2]
+        if most == next_most:       # no majority to measure the others against
+            split.append(f"{name} is split: " + ", ".join(
+                f"{shown(json.loads(v))} in {n}" for v, n in sorted(counts.items())))
+            continue
+        for r in have:
+            if json.dumps(r["_config"][name]) != usual:
                 odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
                     f"{name}={shown(r['_config'][name])} (the others {shown(json.loads(usual))})")
-    return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()]
+    return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split
 
 
 def by_setting(rows: list[dict]) -> dict[str, list[dict]]:

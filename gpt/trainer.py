@@ -572,6 +572,13 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if start_iter >= cfg.max_iters:
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
+        then = ckpt["train_config"]     # as saved: a setting newer than the run at its default
+        scored = (then.get("eval_iters", TrainConfig.eval_iters),
+                  then.get("eval_batch_size") or then.get("batch_size", TrainConfig.batch_size))
+        if master and scored != (cfg.eval_iters, eval_batch):
+            print(f"note: evaluations now score {cfg.eval_iters} batches of {eval_batch} windows, "
+                  f"before {scored[0]} of {scored[1]}: the val losses before and after, and the "
+                  "choice of ckpt_best.pt, compare other text", flush=True)
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
@@ -585,7 +592,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
     # every version of the code that trained the run, so a sweep can tell results of older code
-    codes = recorded_codes(out_dir / "config.json") if cfg.resume else []
+    codes = (recorded_codes(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
                      "code": codes + [c for c in [checkpoint.code_version()] if c not in codes]}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
@@ -616,7 +623,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         """Seconds of training so far, earlier runs of a resumed one included."""
         return elapsed_before + time.perf_counter() - t_start
 
-    def save(name: str, it: int) -> None:
+    def save(it: int, best: bool = False) -> None:
+        """ckpt.pt at iteration it, first, so that a run whose disk fills can still be resumed;
+        with best, ckpt_best.pt becomes the same file. A second Ctrl-C waits for both."""
+        nonlocal last_saved
         with stop.hold():
             try:
                 checkpoint.save({
@@ -624,7 +634,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                     "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
                     "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
                     "rng": rng_state(device), "batch_rng": batches.state(), "elapsed_s": elapsed(),
-                }, out_dir / name)
+                }, out_dir / "ckpt.pt")
+                last_saved = it
+                if best:
+                    checkpoint.save_copy(out_dir / "ckpt.pt", out_dir / "ckpt_best.pt")
             except UserError as e:      # a full disk: room made, the run goes on from ckpt.pt
                 more = f"; once it can be written, {how_to_continue(out_dir)}" if last_saved is not None else ""
                 raise UserError(f"{e}{more}") from None
@@ -659,7 +672,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         signal_name = stop.signal or "a signal to another process"
         if master:
             if it > start_iter:
-                save("ckpt.pt", it)
+                save(it)
                 done = f"saved {out_dir / 'ckpt.pt'} at iteration {it}; {how_to_continue(out_dir)}"
             elif cfg.resume:
                 done = f"{out_dir / 'ckpt.pt'} still holds iteration {it}; {how_to_continue(out_dir)}"
@@ -713,11 +726,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                     improved = row["val_loss"] < best_val
                     best_val = min(best_val, row["val_loss"])
                     if it > 0:          # an untrained model is not worth a file
-                        # ckpt.pt first: should the disk fill, the run can still be resumed
-                        save("ckpt.pt", it)
-                        last_saved = it
-                        if improved:
-                            save("ckpt_best.pt", it)
+                        save(it, best=improved)
                 summary.update(row)
                 tick, tokens_since = time.perf_counter(), 0
                 step_end = tick             # step times leave evaluation out

@@ -157,14 +157,14 @@ def test_a_pickled_object_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "boom-was-run").exists()
 
 
-@pytest.mark.parametrize("saves_before", [0, 1, 2])
+@pytest.mark.parametrize("saves_before", [0, 1])
 def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_goes_on(data_dir, tmp_path, monkeypatch,
                                                                           capsys, saves_before):
     out, real, calls = tmp_path / "run", torch.save, []
 
     def full_disk(obj, f):                  # as torch reports it: an OSError, then a RuntimeError
         calls.append(1)
-        if len(calls) <= saves_before:      # 2: ckpt.pt and ckpt_best.pt at the first evaluation
+        if len(calls) <= saves_before:      # 1: ckpt.pt at the first evaluation (ckpt_best.pt is a link)
             return real(obj, f)
         f.write(b"x" * 1000)
         try:
@@ -175,10 +175,9 @@ def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_goes_on(data_d
     argv = tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")
     assert train.main(argv) == 2
     err = capsys.readouterr().err
-    name = "ckpt_best.pt" if saves_before == 1 else "ckpt.pt"
-    kept = f"no {name} was written" if saves_before < 2 else f"the {name} from before is unchanged"
+    kept = "no ckpt.pt was written" if saves_before == 0 else "the ckpt.pt from before is unchanged"
     go_on = "" if saves_before == 0 else f"; once it can be written, continue with --out_dir={out} --resume"
-    assert err == f"error: cannot save {out / name} (No space left on device); {kept}{go_on}\n"
+    assert err == f"error: cannot save {out / 'ckpt.pt'} (No space left on device); {kept}{go_on}\n"
     assert not list(out.glob("*.tmp"))
     monkeypatch.setattr(torch, "save", real)
     if saves_before == 0:       # nothing was kept, so nothing stands in the way of the same command
@@ -188,6 +187,37 @@ def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_goes_on(data_d
         assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
         assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
+
+
+def test_the_best_checkpoint_is_the_latest_saved_again_and_a_copy_where_links_fail(data_dir, tmp_path,
+                                                                                   monkeypatch, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    assert checkpoint.load(out / "ckpt_best.pt")["iter"] == 4      # the loss fell at each evaluation
+    assert os.path.samefile(out / "ckpt.pt", out / "ckpt_best.pt")  # no second write, no second space
+    best = (out / "ckpt_best.pt").read_bytes()
+    later = checkpoint.load(out / "ckpt.pt")
+    later["iter"] = 5
+    checkpoint.save(later, out / "ckpt.pt")                         # the next save parts them
+    assert (out / "ckpt_best.pt").read_bytes() == best and checkpoint.load(out / "ckpt.pt")["iter"] == 5
+
+    def no_links(*args):
+        raise OSError(1, "Operation not permitted")
+    monkeypatch.setattr(os, "link", no_links)
+    other = tmp_path / "copied"
+    assert train.main(tiny_args(data_dir, other, "--max_iters=4", "--eval_interval=2")) == 0
+    assert (other / "ckpt_best.pt").read_bytes() == (other / "ckpt.pt").read_bytes()
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    capsys.readouterr()
+    assert train.main(tiny_args(data_dir, tmp_path / "full", "--max_iters=4", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (
+        f"error: cannot save {tmp_path / 'full' / 'ckpt_best.pt'} (No space left on device); no ckpt_best.pt "
+        f"was written; once it can be written, continue with --out_dir={tmp_path / 'full'} --resume\n")
+    assert checkpoint.load(tmp_path / "full" / "ckpt.pt")["iter"] == 2
+    assert not list((tmp_path / "full").glob("*.tmp"))
 
 
 @pytest.mark.parametrize("error, size", [
@@ -931,6 +961,26 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+def test_the_loading_handler_gives_ctrl_c_back_and_never_takes_an_ignored_one():
+    from gpt.console import interrupt_in_one_line, interrupt_quietly_while_loading
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        interrupt_quietly_while_loading("gpt.sweep")            # imported, not run: nothing changes
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        interrupt_quietly_while_loading("__main__")
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        with pytest.raises(SystemExit) as stop, interrupt_in_one_line():
+            signal.raise_signal(signal.SIGINT)      # once the command runs: Python's own Ctrl-C
+        assert stop.value.code == 130
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # started in the background of a script
+        interrupt_quietly_while_loading("__main__")
+        with interrupt_in_one_line():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics", "gpt.bench"])

@@ -105,7 +105,8 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
                                 "--sweep", "batch_size=4,2")) == 0
-    assert "on eval_iters batches of 4 windows (--eval_batch_size)" in capsys.readouterr().out
+    assert ("every run is evaluated as the baseline is, on eval_iters batches of 4 windows "
+            "(--eval_batch_size=0 gives each run its own batch_size)") in capsys.readouterr().out
     firsts = []
     for b in (4, 2):
         folder = out / f"batch_size={b}__seed=1337"
@@ -116,7 +117,7 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     capsys.readouterr()
     assert train.main(tiny_args(data_dir, tmp_path / "sw2", "--max_iters=2", "--eval_interval=2",
                                 "--eval_batch_size=3", "--sweep", "batch_size=4,2")) == 0
-    assert "--eval_batch_size)" not in capsys.readouterr().out
+    assert "evaluated as the baseline is" not in capsys.readouterr().out
     config = json.loads((tmp_path / "sw2" / "batch_size=2__seed=1337" / "config.json").read_text())
     assert config["train"]["eval_batch_size"] == 3
 
@@ -152,6 +153,41 @@ def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tm
     note = ("Runs whose settings differ from the rest of the sweep beyond its axes, averaged in above: "
             "residual=true__seed=1338: max_iters=4 (the others 2).")
     assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
+
+
+def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    short = ["--max_iters=2", "--eval_interval=2"]
+    # as sweeps did before eval_batch_size: each run scored on batches of its own size
+    assert train.main(tiny_args(data_dir, out, *short, "--eval_batch_size=0", "--sweep", "batch_size=4,2")) == 0
+    capsys.readouterr()
+    assert train.main(tiny_args(data_dir, out, *short, "--seeds=2", "--sweep", "batch_size=4,2")) == 2
+    err = capsys.readouterr().err      # the baseline's windows are the pinned ones; the other run's are not
+    assert "batch_size=2__seed=1337: eval_batch_size=2 in the run, 4 now" in err
+    assert train.main(tiny_args(data_dir, out, *short, "--seeds=2", "--eval_batch_size=0",
+                                "--sweep", "batch_size=4,2")) == 0
+    assert "(2 already finished)" in capsys.readouterr().out
+    # an eval_batch_size axis is the user's own choice: nothing is pinned
+    assert train.main(tiny_args(data_dir, tmp_path / "sw2", *short, "--sweep", "batch_size=4,2",
+                                "--sweep", "eval_batch_size=1,3")) == 0
+    assert "evaluated as the baseline is" not in capsys.readouterr().out
+    config = json.loads((tmp_path / "sw2" / "batch_size=4__eval_batch_size=3__seed=1337" / "config.json").read_text())
+    assert config["train"]["eval_batch_size"] == 3
+
+
+def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
+    def row(setting, seed, **config):
+        return {"_setting": setting, "seed": seed,
+                "_config": {"lr_schedule": "cosine", "cooldown_frac": 0.2, "max_iters": 10, **config}}
+    # cosine never reads cooldown_frac: a continued sweep that gave another is no odd run
+    rows = [row("a", 1), row("a", 2, cooldown_frac=0.5), row("a", 3, cooldown_frac=0.5)]
+    assert sweep.odd_runs(rows, {}) == []
+    rows = [row("a", 1, lr_schedule="wsd"), row("a", 2, lr_schedule="wsd"),
+            row("a", 3, lr_schedule="wsd", cooldown_frac=0.5)]
+    assert sweep.odd_runs(rows, {}) == ["a__seed=3: cooldown_frac=0.5 (the others 0.2)"]
+    # two against two: neither is the sweep's, so both are named, in a fixed order
+    rows = [row("a", 1), row("a", 2, max_iters=20), row("b", 1), row("b", 2, max_iters=20)]
+    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2, 20 in 2"]
 
 
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):

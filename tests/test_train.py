@@ -266,6 +266,16 @@ def test_runs_of_different_batch_size_are_scored_on_the_same_windows_given_eval_
     assert first_val("b2_own", "--batch_size=2") != four      # by default, its own batch size
 
 
+def test_a_resume_that_scores_other_windows_says_so(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--eval_batch_size=4"]) == 0
+    assert "note:" not in capsys.readouterr().out          # 4 is the run's batch_size: the same windows
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6", "--eval_batch_size=8"]) == 0
+    assert ("note: evaluations now score 2 batches of 8 windows, before 2 of 4: the val losses before "
+            "and after, and the choice of ckpt_best.pt, compare other text") in capsys.readouterr().out
+
+
 def test_config_json_records_every_code_version_that_trained_the_run(data_dir, tmp_path):
     from gpt.checkpoint import code_version
     out = tmp_path / "run"
@@ -276,6 +286,22 @@ def test_config_json_records_every_code_version_that_trained_the_run(data_dir, t
     (out / "config.json").write_text(json.dumps(record))
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4"]) == 0
     assert json.loads((out / "config.json").read_text())["code"] == ["0123456789ab", code_version()]
+    del record["code"]                              # a run older than the record
+    (out / "config.json").write_text(json.dumps(record))
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 0
+    assert json.loads((out / "config.json").read_text())["code"] == ["unknown", code_version()]
+
+
+def test_the_code_fingerprint_skips_lock_files_and_gives_up_on_unreadable_ones(tmp_path):
+    from gpt.checkpoint import fingerprint
+    (tmp_path / "model.py").write_text("x = 1\n")
+    first = fingerprint(tmp_path)
+    (tmp_path / ".#model.py").symlink_to("user@host.1:1")    # an editor's lock: a dangling link
+    assert fingerprint(tmp_path) == first
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert fingerprint(tmp_path) not in (first, "unknown")
+    (tmp_path / "trainer.py").symlink_to(tmp_path / "nowhere")
+    assert fingerprint(tmp_path) == "unknown"
 
 
 def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
