@@ -48,7 +48,7 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
-    from gpt.data import read_prompt
+    from gpt.data import encode_prompt, read_prompt
     from gpt.trainer import resolve_device
 
     device = resolve_device(cfg.device)
@@ -61,7 +61,7 @@ def sample(cfg: SampleConfig):
         raise UserError(f"{run / name} does not exist; --ckpt=best samples ckpt_best.pt")
     model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name)
     prompt = read_prompt(cfg.start)
-    ids = tok.encode(prompt)
+    ids = encode_prompt(tok, prompt, default=cfg.start == SampleConfig.start)
     if not ids:
         raise UserError("--start is empty; give at least one character")
     generator = torch.Generator(device=device).manual_seed(cfg.seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import re
 import tomllib
 import types
@@ -56,8 +57,17 @@ def _check_seed(seed: int) -> None:
 
 
 def check_types(obj) -> None:
-    """Each value of the field's own type, for configs built in Python: "false" would be true."""
+    """Each value of the field's own type, for configs built in Python: "false" would be true.
+    Other kinds of whole and real numbers (numpy's, from np.arange) become Python's own."""
     for f in dataclasses.fields(obj):
+        value, kind = getattr(obj, f.name), _field_type(type(obj), f)
+        if type(value) not in (bool, int, float) and not isinstance(value, bool):
+            if kind is int and isinstance(value, numbers.Integral):
+                object.__setattr__(obj, f.name, int(value))
+            elif kind is float and isinstance(value, numbers.Real):
+                object.__setattr__(obj, f.name, float(value))
+            elif kind is bool and str(getattr(value, "dtype", "")) == "bool":   # numpy's bool
+                object.__setattr__(obj, f.name, bool(value))
         problem = _type_problem(type(obj), f, getattr(obj, f.name))
         if problem:
             raise UserError(problem)
@@ -392,7 +402,7 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     """Return (field values, sweep axes) from a TOML config; `[sweep]` holds the axes."""
     path = config_path(name)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: {e}") from None
     except UnicodeDecodeError:
@@ -407,6 +417,9 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
         if key in REPLACED:
             raise UserError(f"{path}: {'[sweep] ' * axis}{key} was replaced; use "
                             f"{replacement(key, toml=True, axis=axis)}")
+        if isinstance(value, dict):     # [model], [train]: sections this file format has not
+            raise UserError(f"{path}: [{'sweep.' * axis}{key}] is a table; settings go at the top "
+                            "level, name = value, and axes in [sweep], name = [values]")
         if key not in FIELDS:
             close = difflib.get_close_matches(key, list(FIELDS), n=1)
             raise UserError(f"{path}: {key} is not a setting"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shlex
 import urllib.request
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def read_text(input_path: Path, download_url: str | None = None) -> str:
             raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                             f"from {download_url} at {input_path} and run again") from None
     try:
-        return input_path.read_text(encoding="utf-8")
+        return input_path.read_text(encoding="utf-8-sig")   # a byte-order mark is no character
     except UnicodeDecodeError as e:
         raise UserError(f"{input_path} is not UTF-8 text (byte {e.start}); convert it, e.g. with "
                         f"iconv -t utf-8") from None
@@ -122,7 +123,7 @@ def read_prompt(start: str) -> str:
         raise UserError(f"--start=FILE:{start[5:]}: {'not a file' if path.exists() else 'no such file'}; "
                         "give FILE:path to a text file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"--start=FILE:{path}: the file is not UTF-8 text") from None
     except OSError as e:
@@ -130,6 +131,19 @@ def read_prompt(start: str) -> str:
     if not text:
         raise UserError(f"--start=FILE:{path}: the file is empty; a prompt needs at least one character")
     return text
+
+
+def encode_prompt(tok, prompt: str, default: bool) -> list[int]:
+    """The prompt's token ids. A default prompt that the run's text cannot spell (a text without
+    newlines, or without Shakespeare's letters) asks for one, rather than for other characters."""
+    try:
+        return tok.encode(prompt)
+    except UserError:
+        if not default:
+            raise
+        missing = "".join(sorted(set(prompt) - set(tok.chars)))    # only characters can be missing
+        raise UserError(f"the default prompt {prompt!r} has characters that this run's text lacks "
+                        f"({missing!r}); give a prompt with --start=TEXT") from None
 
 
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
@@ -182,6 +196,14 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
     folder = Path(data_dir) / dataset
     if all((folder / f).exists() for f in ("train.bin", "val.bin", "meta.json")):
         return folder
+    given = Path(data_dir)
+    if (given / "meta.json").is_file():     # the dataset's own folder given as the place of datasets
+        raise UserError(f"data_dir={data_dir!r} is a prepared dataset itself, not a folder of them; "
+                        f"give --data_dir={shlex.quote(str(given.parent))} --dataset={shlex.quote(given.name)}")
+    if len(Path(dataset).parts) > 1:        # a path given as the dataset's name
+        whole = Path(dataset)
+        raise UserError(f"dataset={dataset!r} is a name under data_dir, not a path; give "
+                        f"--data_dir={shlex.quote(str(whole.parent))} --dataset={shlex.quote(whole.name)}")
     if dataset not in DATASETS:
         raise UserError(f"dataset {dataset!r} is not prepared: {folder} needs train.bin, val.bin and "
                         f"meta.json (run: python data/shakespeare_char/prepare.py --input FILE "

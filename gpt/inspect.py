@@ -22,6 +22,8 @@ from .config import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close
 from .trainer import read_jsonl
 
+DEFAULT_PROMPT = "ROMEO: But soft, what light"
+
 
 def pyplot():
     import matplotlib
@@ -33,9 +35,9 @@ def pyplot():
 def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     import torch
 
-    from .data import read_prompt
+    from .data import encode_prompt, read_prompt
     model, tok = checkpoint.load_for_sampling(out_dir)
-    ids = tok.encode(read_prompt(prompt))
+    ids = encode_prompt(tok, read_prompt(prompt), default=prompt == DEFAULT_PROMPT)
     block = model.config.block_size
     if len(ids) > block:
         print(f"note: the prompt has {len(ids)} tokens; the picture shows its last {block} (block_size)")
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
     att.add_argument("--out_dir", required=True, help="run folder holding ckpt.pt")
-    att.add_argument("--start", default="ROMEO: But soft, what light",
+    att.add_argument("--start", default=DEFAULT_PROMPT,
                      help="the prompt, or FILE:path to read it from a file")
     att.add_argument("--out", help="PNG to write (default OUT_DIR/attention.png)")
     run = sub.add_parser("run", help="one-page dashboard of a run's metrics")

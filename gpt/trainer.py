@@ -447,8 +447,8 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     for config in (model_cfg, cfg):
         for f in dataclasses.fields(config):
             value = getattr(config, f.name)
-            if f.name != "vocab_size" and value != f.default:
-                flags.append(f"--{f.name}={shown(value)}")
+            if f.name != "vocab_size" and value != f.default:     # quoted by shlex.join, once
+                flags.append(f"--{f.name}={str(value).lower() if isinstance(value, bool) else value}")
     return flags
 
 

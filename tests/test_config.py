@@ -248,6 +248,9 @@ def test_a_config_file_may_not_sweep_what_the_sweep_sets_itself(tmp_path):
     (b'config = "x"', "c.toml: config is not a setting; see --help"),
     (b"n_layr = 2", "c.toml: n_layr is not a setting; did you mean n_layer?"),
     (b'n_layer = "x"', "c.toml: n_layer='x' is not a valid int"),
+    (b"[model]\nn_layer = 2", "c.toml: [model] is a table; settings go at the top level, name = value, "
+                              "and axes in [sweep], name = [values]"),
+    (b"[sweep.model]\nn_layer = [2]", "c.toml: [sweep.model] is a table; settings go at the top level"),
 ])
 def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
     (tmp_path / "c.toml").write_bytes(content)
@@ -288,6 +291,17 @@ def test_configs_built_in_python_check_their_types(make, message):
     with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
         make()
     assert TrainConfig(learning_rate=1).learning_rate == 1      # a whole number is a number
+
+
+def test_numpy_numbers_become_pythons_own():
+    np = pytest.importorskip("numpy")
+    cfg = GPTConfig(n_layer=np.int64(2), dropout=np.float64(0.25), bias=np.bool_(False))
+    assert (cfg.n_layer, cfg.dropout, cfg.bias) == (2, 0.25, False)
+    assert [type(v) for v in (cfg.n_layer, cfg.dropout, cfg.bias)] == [int, float, bool]
+    assert [TrainConfig(learning_rate=lr).learning_rate for lr in np.linspace(1e-3, 3e-3, 3)] == \
+        pytest.approx([1e-3, 2e-3, 3e-3])
+    with pytest.raises(UserError, match=r"^n_layer=np.float64\(2.5\) is not a whole number$"):
+        GPTConfig(n_layer=np.float64(2.5))
 
 
 @pytest.mark.parametrize("argv, message", [

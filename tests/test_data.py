@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import make_text
-from gpt.config import REPO_ROOT, UserError
+from gpt.config import REPO_ROOT, UserError, parse_argv
 from gpt.data import Batches, CharTokenizer, ensure_prepared, prepare, tokenizer_from_meta
 
 
@@ -47,6 +47,17 @@ def test_prepare_script_on_a_users_file(tmp_path, capsys):
     assert prepare_main("shakespeare_char", ["--input", str(empty), "--out_dir", str(tmp_path / "e")]) == 2
     assert capsys.readouterr().err == f"error: {empty} is empty; give a text file to prepare\n"
     assert not (tmp_path / "e").exists()
+    # as Windows editors save it: a byte-order mark, CRLF line ends
+    windows = tmp_path / "windows.txt"
+    windows.write_bytes(b"\xef\xbb\xbf" + b"hello world\r\n" * 50)
+    assert prepare_main("shakespeare_char", ["--input", str(windows), "--out_dir", str(tmp_path / "w")]) == 0
+    assert json.loads((tmp_path / "w" / "meta.json").read_text())["chars"] == sorted(set("hello world\n"))
+
+
+def test_a_config_file_saved_with_a_byte_order_mark_loads(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbfn_layer = 2\n")
+    assert parse_argv(["--config", str(path)]).values["n_layer"] == 2
 
 
 def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monkeypatch):

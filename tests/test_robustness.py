@@ -417,6 +417,12 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"too few for block_size=100000"),
     ("missing dataset", "train", lambda d, t, g: tiny_args(d, t / "o", "--dataset=nosuch"),
      r"dataset 'nosuch' is not prepared"),
+    ("a dataset's folder as data_dir", "train",
+     lambda d, t, g: [*tiny_args(d, t / "o"), f"--data_dir={d / 'tiny'}", "--dataset=shakespeare_char"],
+     r"data_dir='.*tiny' is a prepared dataset itself, not a folder of them; give --data_dir=.*data "
+     r"--dataset=tiny\n$"),
+    ("a path as the dataset", "train", lambda d, t, g: [*tiny_args(d, t / "o"), f"--dataset={d / 'nosuch'}"],
+     r"dataset='.*nosuch' is a name under data_dir, not a path; give --data_dir=.*data --dataset=nosuch\n$"),
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
@@ -961,6 +967,24 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+def test_a_default_prompt_the_runs_text_cannot_spell_asks_for_one(tmp_path, capsys):
+    from gpt import inspect
+    from gpt.data import prepare
+    prepare("ab" * 3000, tmp_path / "data" / "ab")       # one line: no newline, no ROMEO
+    out = tmp_path / "run"
+    assert train.main(tiny_args(tmp_path / "data", out, "--dataset=ab", "--max_iters=2", "--eval_interval=2")) == 0
+    capsys.readouterr()
+    assert sample.main([f"--out_dir={out}"]) == 2
+    assert capsys.readouterr().err == ("error: the default prompt '\\n' has characters that this run's text "
+                                       "lacks ('\\n'); give a prompt with --start=TEXT\n")
+    assert inspect.main(["attention", f"--out_dir={out}"]) == 2
+    assert capsys.readouterr().err == ("error: the default prompt 'ROMEO: But soft, what light' has characters "
+                                       "that this run's text lacks (' ,:BEMORfghilostuw'); give a prompt "
+                                       "with --start=TEXT\n")
+    assert sample.main([f"--out_dir={out}", "--start=ba", "--max_new_tokens=4"]) == 0
+    assert capsys.readouterr().out.startswith("ba")
 
 
 def test_the_loading_handler_gives_ctrl_c_back_and_never_takes_an_ignored_one():

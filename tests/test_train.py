@@ -326,14 +326,17 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     import threading
     from gpt.config import parse_argv
     from gpt.trainer import configs_for_run, train as train_in_python
-    values = parse_argv(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2")).values
+    out = tmp_path / "my runs" / "run"
+    values = parse_argv(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
+                                  "--wandb_run_name=a, b")).values
     results = []
     worker = threading.Thread(target=lambda: results.append(train_in_python(*configs_for_run(values))))
     worker.start()
     worker.join(timeout=120)
     assert results and results[0]["iters"] == 2 and results[0]["stopped_by"] is None
-    # called from Python, the run's command.txt is still a command that gives the same configs
-    command = shlex.split((tmp_path / "run" / "command.txt").read_text())
+    # called from Python, the run's command.txt is still a command that gives the same configs,
+    # spaces and commas included
+    command = shlex.split((out / "command.txt").read_text())
     assert command[:2] == ["python", "train.py"]
     again = configs_for_run(parse_argv(command[2:]).values)
     ran = configs_for_run(values)
