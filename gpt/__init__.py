@@ -1,7 +1,5 @@
 """A small, readable GPT for studying the transformer block."""
 
-import importlib
-
 from .config import GPTConfig, TrainConfig, UserError
 
 __all__ = ["GPT", "GPTConfig", "TrainConfig", "UserError"]
@@ -14,6 +12,7 @@ def __getattr__(name: str):
         from .model import GPT
         return GPT
     if name.isidentifier():     # gpt.model and the rest, as importing the package once made them
+        import importlib
         try:
             return importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:

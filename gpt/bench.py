@@ -39,7 +39,7 @@ from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
 # must match whole ("L4" is not "L40S"), and the first match wins, so variants come first
-GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12,
+GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
                  "GH200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12,
                  "3090": 71e12}
 
@@ -77,25 +77,38 @@ def gpu_peak(name: str, dtype: torch.dtype, tf32: bool = True) -> tuple[float, s
     return float("nan"), f"{name}: peak unknown"
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work: GPU calls return before it is done."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
 def peak_flops(device: str, dtype: torch.dtype) -> tuple[float, str]:
     if torch.device(device).type == "cuda":
         return gpu_peak(torch.cuda.get_device_name(device), dtype,
                         tf32=torch.backends.cuda.matmul.fp32_precision == "tf32")
-    n = 1024
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    n = 1024        # a CPU's or an Apple GPU's rate, measured on the device itself
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     best = float("inf")
     for _ in range(10):
+        synchronize(device)
         t = time.perf_counter()
         for _ in range(5):
             a @ b
+        synchronize(device)
         best = min(best, (time.perf_counter() - t) / 5)
     return 2 * n ** 3 / best, f"measured {str(dtype).removeprefix('torch.')} matmul"
 
 
 def peak_memory_mb(device: str) -> float:
+    """The GPU's allocations at their peak since the last reset; elsewhere the process's."""
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024       # KiB on Linux
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 1024     # bytes on macOS, KiB on Linux
 
 
 def time_training(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
@@ -130,19 +143,20 @@ def time_diagnostics(model: GPT, batch_size: int, device: str) -> float:
 def time_sampling(model: GPT, new_tokens: int, prompt_len: int, use_cache: bool, device: str) -> float:
     idx = torch.zeros((1, prompt_len), dtype=torch.long, device=device)
     model.generate(idx, 4, temperature=0, use_cache=use_cache)             # warm-up
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     t = time.perf_counter()
     model.generate(idx, new_tokens, temperature=0, use_cache=use_cache)
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     return new_tokens / (time.perf_counter() - t)
 
 
 def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
     device = resolve_device(train_cfg.device)
-    dtype = autocast_dtype(train_cfg, torch.device(device).type)
+    dtype = autocast_dtype(train_cfg, device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     result = time_training(model_cfg, train_cfg, bench)
+    training_peak = peak_memory_mb(device)      # before the diagnostics and sampling add theirs
     meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     model = GPT(model_cfg).to(device).eval()
@@ -160,7 +174,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
         diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),
         device=device, dtype=str(dtype).removeprefix("torch."), params=n_params,
         achieved_tflops=achieved / 1e12, peak_tflops=peak / 1e12, peak_source=peak_source,
-        mfu=achieved / peak, peak_memory_mb=peak_memory_mb(device),
+        mfu=achieved / peak, peak_memory_mb=training_peak,
         sample_new_tokens=new,
         sample_tokens_per_sec_cache=time_sampling(model, new, 1, True, device),
         sample_tokens_per_sec_no_cache=time_sampling(model, new, 1, False, device),

@@ -58,16 +58,14 @@ def save(obj: dict, path: Path) -> None:
 
 
 def save_copy(path: Path, other: Path) -> None:
-    """Make other the same checkpoint as path, atomically: a hard link where the file system has
-    them, which takes neither space nor time (checkpoints are replaced by renaming, never written
-    into, so the two part when path is next saved), else a copy."""
+    """Make other a copy of the checkpoint in path, as safely as save writes one. A copy, not a
+    hard link: a tool that writes into ckpt.pt in place (cp over it) would change both."""
     tmp = other.with_name(other.name + ".tmp")
     try:
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(path, tmp)
-        except OSError:
-            shutil.copyfile(path, tmp)
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 24)
+            dst.flush()
+            os.fsync(dst.fileno())
         os.replace(tmp, other)
     except OSError as e:
         raise _not_saved(other, tmp, e) from None

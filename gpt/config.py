@@ -58,16 +58,18 @@ def _check_seed(seed: int) -> None:
 
 def check_types(obj) -> None:
     """Each value of the field's own type, for configs built in Python: "false" would be true.
-    Other kinds of whole and real numbers (numpy's, from np.arange) become Python's own."""
+    Other kinds of numbers and strings (numpy's, from np.arange) become Python's own."""
     for f in dataclasses.fields(obj):
         value, kind = getattr(obj, f.name), _field_type(type(obj), f)
-        if type(value) not in (bool, int, float) and not isinstance(value, bool):
+        if type(value) not in (bool, int, float, str) and not isinstance(value, bool):
             if kind is int and isinstance(value, numbers.Integral):
                 object.__setattr__(obj, f.name, int(value))
             elif kind is float and isinstance(value, numbers.Real):
                 object.__setattr__(obj, f.name, float(value))
             elif kind is bool and str(getattr(value, "dtype", "")) == "bool":   # numpy's bool
                 object.__setattr__(obj, f.name, bool(value))
+            elif kind is str and isinstance(value, str):    # numpy's: a checkpoint could not hold it
+                object.__setattr__(obj, f.name, str(value))
         problem = _type_problem(type(obj), f, getattr(obj, f.name))
         if problem:
             raise UserError(problem)

@@ -191,23 +191,29 @@ DATASETS = {  # name -> (tokenizer, public source of its input.txt)
 }
 
 
+def _prepared(folder: Path) -> bool:
+    return all((folder / f).exists() for f in ("train.bin", "val.bin", "meta.json"))
+
+
 def ensure_prepared(data_dir: str, dataset: str) -> Path:
     """The dataset's folder, preparing the shipped datasets on first use."""
     folder = Path(data_dir) / dataset
-    if all((folder / f).exists() for f in ("train.bin", "val.bin", "meta.json")):
+    if _prepared(folder):
         return folder
-    given = Path(data_dir)
-    if (given / "meta.json").is_file():     # the dataset's own folder given as the place of datasets
-        raise UserError(f"data_dir={data_dir!r} is a prepared dataset itself, not a folder of them; "
-                        f"give --data_dir={shlex.quote(str(given.parent))} --dataset={shlex.quote(given.name)}")
-    if len(Path(dataset).parts) > 1:        # a path given as the dataset's name
-        whole = Path(dataset)
+    given, whole = Path(data_dir), Path(dataset)
+    if len(whole.parts) > 1 and _prepared(whole):   # its path given as the dataset's name
         raise UserError(f"dataset={dataset!r} is a name under data_dir, not a path; give "
                         f"--data_dir={shlex.quote(str(whole.parent))} --dataset={shlex.quote(whole.name)}")
+    # a dataset's own folder given as data_dir: say so, rather than prepare another one inside it
+    inside = (f"data_dir={data_dir!r} holds a prepared dataset itself; to train on it, give "
+              f"--data_dir={shlex.quote(str(given.parent))} --dataset={shlex.quote(given.name)}"
+              if not folder.exists() and _prepared(given) else "")
     if dataset not in DATASETS:
         raise UserError(f"dataset {dataset!r} is not prepared: {folder} needs train.bin, val.bin and "
                         f"meta.json (run: python data/shakespeare_char/prepare.py --input FILE "
-                        f"--out_dir {folder})")
+                        f"--out_dir {folder}){'; ' + inside if inside else ''}")
+    if inside:
+        raise UserError(f"{inside}; for {dataset}, give the folder that holds it, or a new one")
     tokenizer, url = DATASETS[dataset]
     text = read_text(folder / "input.txt", url)
     meta = prepare(text, folder, tokenizer)

@@ -376,18 +376,25 @@ def _settings_of(folder: Path) -> dict:
             for k, v in record[section].items()}
 
 
+# settings whose 0 stands for another's value, as the run resolves it
+STANDS_FOR = {"n_kv_head": "n_head", "eval_batch_size": "batch_size"}
+
+
 def odd_runs(rows: list[dict], axes) -> list[str]:
     """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
     have: one resumed by hand with more steps, say. The tables would average two experiments."""
-    skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
+    skip = {*axes, "seed", "data_dir", *NOT_COMPARED, *(k for k, v in STANDS_FOR.items() if v in axes)}
+
+    def value(config: dict, name: str) -> str:      # as the run used it, comparable as text
+        v = config[name]
+        return json.dumps(v or config.get(STANDS_FOR[name]) if name in STANDS_FOR else v)
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
                 and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
         counts = {}
         for r in have:
-            value = json.dumps(r["_config"][name])
-            counts[value] = counts.get(value, 0) + 1
+            counts[value(r["_config"], name)] = counts.get(value(r["_config"], name), 0) + 1
         if len(counts) < 2:
             continue
         (usual, most), (_, next_most) = sorted(counts.items(), key=lambda kv: -kv[1])[:2]
@@ -396,9 +403,10 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
                 f"{shown(json.loads(v))} in {n}" for v, n in sorted(counts.items())))
             continue
         for r in have:
-            if json.dumps(r["_config"][name]) != usual:
+            if value(r["_config"], name) != usual:
                 odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
-                    f"{name}={shown(r['_config'][name])} (the others {shown(json.loads(usual))})")
+                    f"{name}={shown(json.loads(value(r['_config'], name)))} (the others "
+                    f"{shown(json.loads(usual))})")
     return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split
 
 

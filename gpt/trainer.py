@@ -134,9 +134,10 @@ def resolve_device(name: str) -> str:
     return "cpu" if device.type == "cpu" else name      # torch.load cannot map to "cpu:0"
 
 
-def autocast_dtype(cfg: TrainConfig, device_type: str) -> torch.dtype:
+def autocast_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
     if cfg.dtype == "auto":
-        if device_type == "cuda" and torch.cuda.is_bf16_supported():
+        # bfloat16 where the GPU computes it (Ampere on); older ones only emulate it, slowly
+        if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
             return torch.bfloat16
         return torch.float32
     return getattr(torch, cfg.dtype)
@@ -452,6 +453,14 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     return flags
 
 
+def _best_behind(out_dir: Path, best_iter: int) -> bool:
+    """Whether ckpt_best.pt is missing, damaged or of another iteration than the best one."""
+    try:
+        return checkpoint.load(out_dir / "ckpt_best.pt", mmap=True, needs=("iter",))["iter"] != best_iter
+    except UserError:
+        return True
+
+
 def recorded_codes(path: Path) -> list[str]:
     """The code versions recorded in a run's config.json; none for a run older than the record."""
     try:
@@ -499,12 +508,17 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     device = resolve_device(cfg.device)
     check_threads(cfg)
     check_compile(cfg, device)
+    if ddp and device.startswith("mps"):     # gloo, the only backend there, cannot reduce MPS tensors
+        raise UserError("torchrun on an Apple GPU (mps) is not supported; run one process, or pass "
+                        "--device=cpu")
     if ddp:
         backend = "nccl" if device.startswith("cuda") else "gloo"
         torch.distributed.init_process_group(backend=backend)
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
+    elif device.startswith("cuda:"):    # the run's GPU is the current one: no context on GPU 0
+        torch.cuda.set_device(device)
     try:
         # _train takes out_dir once it may make it
         with out_of_memory_in_one_line(), contextlib.ExitStack() as holds:
@@ -553,6 +567,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     optimizer = make_optimizer(model, cfg)
 
     start_iter, best_val, last_eval, last_saved, elapsed_before = 0, float("inf"), -1, None, 0.0
+    best_iter = None
     metrics_path = out_dir / "metrics.jsonl"
     if cfg.resume:
         # on the CPU: RNG states must stay there
@@ -569,6 +584,12 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             elapsed_before = logged[-1] if logged else 0.0
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
+        best_iter = ckpt.get("best_iter")
+        if master and best_iter == start_iter and _best_behind(out_dir, best_iter):
+            # its copy failed (a full disk, a kill between the two files): made good now
+            checkpoint.save_copy(out_dir / "ckpt.pt", out_dir / "ckpt_best.pt")
+            print(f"ckpt_best.pt did not hold the best iteration, {best_iter}: copied it from ckpt.pt",
+                  flush=True)
         if start_iter >= cfg.max_iters:
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
@@ -611,7 +632,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
-    dtype = autocast_dtype(cfg, device_type)
+    dtype = autocast_dtype(cfg, device)
     autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
     local_steps = cfg.gradient_accumulation_steps // world
@@ -632,7 +653,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                 checkpoint.save({
                     "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                     "model_config": dataclasses.asdict(model_cfg), "train_config": dataclasses.asdict(cfg),
-                    "meta": meta, "iter": it, "best_val_loss": best_val, "last_eval_iter": last_eval,
+                    "meta": meta, "iter": it, "best_val_loss": best_val, "best_iter": best_iter,
+                    "last_eval_iter": last_eval,
                     "rng": rng_state(device), "batch_rng": batches.state(), "elapsed_s": elapsed(),
                 }, out_dir / "ckpt.pt")
                 last_saved = it
@@ -724,7 +746,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                         raise diverged(f"the evaluation loss became {row['val_loss']}", it)
                 elif master:
                     improved = row["val_loss"] < best_val
-                    best_val = min(best_val, row["val_loss"])
+                    if improved:
+                        best_val, best_iter = row["val_loss"], it
                     if it > 0:          # an untrained model is not worth a file
                         save(it, best=improved)
                 summary.update(row)

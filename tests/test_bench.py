@@ -52,6 +52,8 @@ def test_gpu_peaks_match_whole_model_names():
     assert bench.gpu_peak("NVIDIA H100 NVL", bf16)[0] == 835e12
     assert bench.gpu_peak("NVIDIA H100 80GB HBM3", bf16)[0] == 989e12
     assert bench.gpu_peak("NVIDIA GH200 480GB", bf16)[0] == 989e12
+    assert bench.gpu_peak("NVIDIA H200", bf16)[0] == 989e12
+    assert bench.gpu_peak("NVIDIA H200 NVL", bf16)[0] == 835e12
     for other in ("NVIDIA L40S", "NVIDIA A10G"):        # not an L4, not an A10
         peak, label = bench.gpu_peak(other, bf16)
         assert math.isnan(peak) and label == f"{other}: peak unknown"
@@ -80,3 +82,16 @@ def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision_and_sampling_at_t
     assert bench.main(argv) == 0
     assert rates == [precision == "medium"] and set(sampled_at) == {False}     # as sample.py samples
     assert json.loads(capsys.readouterr().out)["peak_source"] == f"measured float32 matmul at {precision} precision"
+
+
+@pytest.mark.parametrize("capability, dtype", [((7, 5), torch.float32), ((8, 0), torch.bfloat16),
+                                               ((9, 0), torch.bfloat16)])
+def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capability, dtype):
+    from gpt.config import TrainConfig
+    from gpt.trainer import autocast_dtype
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(device) or capability)
+    assert autocast_dtype(TrainConfig(), "cuda:1") == dtype     # a T4 (7.5) only emulates bfloat16
+    assert asked == ["cuda:1"]                                  # the run's GPU, not the current one
+    assert autocast_dtype(TrainConfig(), "cpu") == torch.float32
+    assert autocast_dtype(TrainConfig(dtype="bfloat16"), "cpu") == torch.bfloat16

@@ -295,9 +295,10 @@ def test_configs_built_in_python_check_their_types(make, message):
 
 def test_numpy_numbers_become_pythons_own():
     np = pytest.importorskip("numpy")
-    cfg = GPTConfig(n_layer=np.int64(2), dropout=np.float64(0.25), bias=np.bool_(False))
-    assert (cfg.n_layer, cfg.dropout, cfg.bias) == (2, 0.25, False)
-    assert [type(v) for v in (cfg.n_layer, cfg.dropout, cfg.bias)] == [int, float, bool]
+    cfg = GPTConfig(n_layer=np.int64(2), dropout=np.float64(0.25), bias=np.bool_(False),
+                    pos_encoding=np.array(["rope"])[0])
+    assert (cfg.n_layer, cfg.dropout, cfg.bias, cfg.pos_encoding) == (2, 0.25, False, "rope")
+    assert [type(v) for v in (cfg.n_layer, cfg.dropout, cfg.bias, cfg.pos_encoding)] == [int, float, bool, str]
     assert [TrainConfig(learning_rate=lr).learning_rate for lr in np.linspace(1e-3, 3e-3, 3)] == \
         pytest.approx([1e-3, 2e-3, 3e-3])
     with pytest.raises(UserError, match=r"^n_layer=np.float64\(2.5\) is not a whole number$"):

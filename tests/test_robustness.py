@@ -189,35 +189,36 @@ def test_a_full_disk_while_saving_stops_with_one_line_and_the_run_goes_on(data_d
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 8
 
 
-def test_the_best_checkpoint_is_the_latest_saved_again_and_a_copy_where_links_fail(data_dir, tmp_path,
+def test_the_best_checkpoint_is_a_copy_and_a_failed_copy_is_made_good_on_resuming(data_dir, tmp_path,
                                                                                    monkeypatch, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
     assert checkpoint.load(out / "ckpt_best.pt")["iter"] == 4      # the loss fell at each evaluation
-    assert os.path.samefile(out / "ckpt.pt", out / "ckpt_best.pt")  # no second write, no second space
+    assert (out / "ckpt_best.pt").read_bytes() == (out / "ckpt.pt").read_bytes()
     best = (out / "ckpt_best.pt").read_bytes()
-    later = checkpoint.load(out / "ckpt.pt")
-    later["iter"] = 5
-    checkpoint.save(later, out / "ckpt.pt")                         # the next save parts them
-    assert (out / "ckpt_best.pt").read_bytes() == best and checkpoint.load(out / "ckpt.pt")["iter"] == 5
+    (out / "ckpt.pt").write_bytes(b"written over in place")        # as cp over it would
+    assert (out / "ckpt_best.pt").read_bytes() == best
 
-    def no_links(*args):
-        raise OSError(1, "Operation not permitted")
-    monkeypatch.setattr(os, "link", no_links)
-    other = tmp_path / "copied"
-    assert train.main(tiny_args(data_dir, other, "--max_iters=4", "--eval_interval=2")) == 0
-    assert (other / "ckpt_best.pt").read_bytes() == (other / "ckpt.pt").read_bytes()
-
-    def full_disk(src, dst):
+    def full_disk(src, dst, length=0):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    monkeypatch.setattr(shutil, "copyfileobj", full_disk)
+    full = tmp_path / "full"
     capsys.readouterr()
-    assert train.main(tiny_args(data_dir, tmp_path / "full", "--max_iters=4", "--eval_interval=2")) == 2
+    assert train.main(tiny_args(data_dir, full, "--max_iters=4", "--eval_interval=2")) == 2
     assert capsys.readouterr().err == (
-        f"error: cannot save {tmp_path / 'full' / 'ckpt_best.pt'} (No space left on device); no ckpt_best.pt "
-        f"was written; once it can be written, continue with --out_dir={tmp_path / 'full'} --resume\n")
-    assert checkpoint.load(tmp_path / "full" / "ckpt.pt")["iter"] == 2
-    assert not list((tmp_path / "full").glob("*.tmp"))
+        f"error: cannot save {full / 'ckpt_best.pt'} (No space left on device); no ckpt_best.pt was "
+        f"written; once it can be written, continue with --out_dir={full} --resume\n")
+    assert checkpoint.load(full / "ckpt.pt")["iter"] == 2 and not list(full.glob("*.tmp"))
+    monkeypatch.undo()
+    assert train.main([f"--out_dir={full}", "--resume"]) == 0
+    assert "ckpt_best.pt did not hold the best iteration, 2: copied it from ckpt.pt" in capsys.readouterr().out
+    assert checkpoint.load(full / "ckpt_best.pt")["iter"] == 4
+    # the same at the last iteration, where a resume has no step left to take
+    (full / "ckpt_best.pt").unlink()
+    assert checkpoint.load(full / "ckpt.pt")["best_iter"] == 4
+    assert train.main([f"--out_dir={full}", "--resume"]) == 2      # already at iteration 4
+    assert "copied it from ckpt.pt" in capsys.readouterr().out
+    assert checkpoint.load(full / "ckpt_best.pt")["iter"] == 4
 
 
 @pytest.mark.parametrize("error, size", [
@@ -419,10 +420,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"dataset 'nosuch' is not prepared"),
     ("a dataset's folder as data_dir", "train",
      lambda d, t, g: [*tiny_args(d, t / "o"), f"--data_dir={d / 'tiny'}", "--dataset=shakespeare_char"],
-     r"data_dir='.*tiny' is a prepared dataset itself, not a folder of them; give --data_dir=.*data "
-     r"--dataset=tiny\n$"),
-    ("a path as the dataset", "train", lambda d, t, g: [*tiny_args(d, t / "o"), f"--dataset={d / 'nosuch'}"],
-     r"dataset='.*nosuch' is a name under data_dir, not a path; give --data_dir=.*data --dataset=nosuch\n$"),
+     r"data_dir='.*tiny' holds a prepared dataset itself; to train on it, give --data_dir=.*data "
+     r"--dataset=tiny; for shakespeare_char, give the folder that holds it, or a new one\n$"),
+
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
@@ -967,6 +967,34 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+
+
+def test_a_path_given_as_the_dataset_is_named_and_a_stray_meta_json_stops_nothing(data_dir, tmp_path,
+                                                                                    monkeypatch, capsys):
+    from gpt.data import ensure_prepared
+    monkeypatch.chdir(tmp_path)                     # data/tiny is prepared here
+    assert train.main([*tiny_args(Path("elsewhere"), tmp_path / "o"), "--dataset=data/tiny"]) == 2
+    assert capsys.readouterr().err == ("error: dataset='data/tiny' is a name under data_dir, not a path; "
+                                       "give --data_dir=data --dataset=tiny\n")
+    # a data_dir that also holds a dataset's files (prepared there by mistake) still serves its datasets
+    (data_dir / "meta.json").write_text((data_dir / "tiny" / "meta.json").read_text())
+    (data_dir / "train.bin").write_bytes(b"")
+    (data_dir / "val.bin").write_bytes(b"")
+    assert ensure_prepared(str(data_dir), "tiny") == data_dir / "tiny"
+    with pytest.raises(UserError, match=r"is not prepared: .*; data_dir=.* holds a prepared dataset "
+                                        r"itself; to train on it, give --data_dir=.* --dataset=data$"):
+        ensure_prepared(str(data_dir), "other")         # a missing one: both are said
+
+
+def test_torchrun_on_an_apple_gpu_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch, capsys):
+    from gpt import trainer
+    monkeypatch.setattr(trainer, "resolve_device", lambda name: "mps")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train.main(tiny_args(data_dir, tmp_path / "o", "--gradient_accumulation_steps=2")) == 2
+    assert capsys.readouterr().err == ("error: torchrun on an Apple GPU (mps) is not supported; run one "
+                                       "process, or pass --device=cpu\n")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_default_prompt_the_runs_text_cannot_spell_asks_for_one(tmp_path, capsys):

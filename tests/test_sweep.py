@@ -188,6 +188,12 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     # two against two: neither is the sweep's, so both are named, in a fixed order
     rows = [row("a", 1), row("a", 2, max_iters=20), row("b", 1), row("b", 2, max_iters=20)]
     assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2, 20 in 2"]
+    # a 0 that stands for another setting's value is that value; with that setting an axis, it varies
+    rows = [row("a", 1, batch_size=4, eval_batch_size=0), row("a", 2, batch_size=4, eval_batch_size=0),
+            row("a", 3, batch_size=4, eval_batch_size=4)]
+    assert sweep.odd_runs(rows, {}) == []
+    rows = [row(f"n_head={h}", 1, n_head=h, n_kv_head=h) for h in (1, 2, 4)]
+    assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
 
 
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
