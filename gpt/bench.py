@@ -4,9 +4,10 @@
 
 Training is timed through the real training loop (gpt.trainer.train) in a scratch folder: the
 median time of the steps after the first `bench_warmup`, evaluation excluded. MFU compares the
-model's FLOPs per second with a peak: on CPU the best float32 (at the run's matmul_precision) or
-bfloat16 matmul rate measured here and now, on CUDA the GPU's datasheet dense bf16 rate when it
-is known. Sampling is timed at the caller's precision, as sample.py samples.
+model's FLOPs per second with a peak: on a CPU or an Apple GPU the best float32 (at the run's
+matmul_precision) or bfloat16 matmul rate measured there and then, on CUDA the GPU's datasheet
+dense bf16 rate when it is known. Peak memory is that of the training steps. Sampling is timed
+at the caller's precision, as sample.py samples.
 """
 
 from __future__ import annotations

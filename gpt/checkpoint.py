@@ -72,6 +72,24 @@ def save_copy(path: Path, other: Path) -> None:
     _sync_folder(other.parent)
 
 
+def make_best_good(folder: Path) -> int | None:
+    """When ckpt.pt holds the run's best iteration and ckpt_best.pt is missing, damaged or older
+    (its copy failed: a full disk, a kill between the two files), copy it again. Returns that
+    iteration, or None when nothing needed doing."""
+    ckpt = load(Path(folder) / "ckpt.pt", mmap=True, needs=("iter",))
+    best_iter = ckpt.get("best_iter")
+    if best_iter is None or best_iter != ckpt["iter"]:
+        return None
+    try:
+        behind = load(Path(folder) / "ckpt_best.pt", mmap=True, needs=("iter",))["iter"] < best_iter
+    except UserError:
+        behind = True
+    if not behind:
+        return None
+    save_copy(Path(folder) / "ckpt.pt", Path(folder) / "ckpt_best.pt")
+    return best_iter
+
+
 def _not_saved(path: Path, tmp: Path, e: Exception) -> UserError:
     with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)     # half a file would only take more of the space

@@ -205,7 +205,8 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
         raise UserError(f"dataset={dataset!r} is a name under data_dir, not a path; give "
                         f"--data_dir={shlex.quote(str(whole.parent))} --dataset={shlex.quote(whole.name)}")
     # a dataset's own folder given as data_dir: say so, rather than prepare another one inside it
-    inside = (f"data_dir={data_dir!r} holds a prepared dataset itself; to train on it, give "
+    inside = (f"data_dir={data_dir!r} holds a prepared dataset itself (train.bin, val.bin, meta.json); "
+              f"to train on it, give "
               f"--data_dir={shlex.quote(str(given.parent))} --dataset={shlex.quote(given.name)}"
               if not folder.exists() and _prepared(given) else "")
     if dataset not in DATASETS:
@@ -213,7 +214,7 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
                         f"meta.json (run: python data/shakespeare_char/prepare.py --input FILE "
                         f"--out_dir {folder}){'; ' + inside if inside else ''}")
     if inside:
-        raise UserError(f"{inside}; for {dataset}, give the folder that holds it, or a new one")
+        raise UserError(f"{inside}; to prepare {dataset}, give a data_dir without those files")
     tokenizer, url = DATASETS[dataset]
     text = read_text(folder / "input.txt", url)
     meta = prepare(text, folder, tokenizer)

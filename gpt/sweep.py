@@ -154,9 +154,15 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
     if not path.exists():
         return False
     try:
-        return checkpoint.load(path, mmap=True, needs=("iter",))["iter"] >= max_iters
+        if checkpoint.load(path, mmap=True, needs=("iter",))["iter"] < max_iters:
+            return False
+        mended = checkpoint.make_best_good(run.folder)  # as a resume would, had there been steps left
     except UserError:
         return False
+    if mended is not None:
+        print(f"{run.folder.name}: ckpt_best.pt did not hold the best iteration, {mended}: copied it "
+              "from ckpt.pt")
+    return True
 
 
 def run(args, argv: list[str]) -> int:
@@ -383,15 +389,20 @@ STANDS_FOR = {"n_kv_head": "n_head", "eval_batch_size": "batch_size"}
 def odd_runs(rows: list[dict], axes) -> list[str]:
     """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
     have: one resumed by hand with more steps, say. The tables would average two experiments."""
-    skip = {*axes, "seed", "data_dir", *NOT_COMPARED, *(k for k, v in STANDS_FOR.items() if v in axes)}
+    skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
 
     def value(config: dict, name: str) -> str:      # as the run used it, comparable as text
         v = config[name]
         return json.dumps(v or config.get(STANDS_FOR[name]) if name in STANDS_FOR else v)
+
+    def follows(config: dict, name: str) -> bool:      # its 0, or the value its 0 gives
+        return config[name] in (0, config.get(STANDS_FOR[name]))
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
                 and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
+        if STANDS_FOR.get(name) in axes and all(follows(r["_config"], name) for r in have):
+            continue        # it moves with that axis in every run, as it should
         counts = {}
         for r in have:
             counts[value(r["_config"], name)] = counts.get(value(r["_config"], name), 0) + 1

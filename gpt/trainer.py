@@ -453,14 +453,6 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     return flags
 
 
-def _best_behind(out_dir: Path, best_iter: int) -> bool:
-    """Whether ckpt_best.pt is missing, damaged or of another iteration than the best one."""
-    try:
-        return checkpoint.load(out_dir / "ckpt_best.pt", mmap=True, needs=("iter",))["iter"] != best_iter
-    except UserError:
-        return True
-
-
 def recorded_codes(path: Path) -> list[str]:
     """The code versions recorded in a run's config.json; none for a run older than the record."""
     try:
@@ -508,7 +500,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     device = resolve_device(cfg.device)
     check_threads(cfg)
     check_compile(cfg, device)
-    if ddp and device.startswith("mps"):     # gloo, the only backend there, cannot reduce MPS tensors
+    if world > 1 and device.startswith("mps"):  # gloo, the only backend there, cannot reduce MPS tensors
         raise UserError("torchrun on an Apple GPU (mps) is not supported; run one process, or pass "
                         "--device=cpu")
     if ddp:
@@ -585,12 +577,15 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         best_iter = ckpt.get("best_iter")
-        if master and best_iter == start_iter and _best_behind(out_dir, best_iter):
-            # its copy failed (a full disk, a kill between the two files): made good now
-            checkpoint.save_copy(out_dir / "ckpt.pt", out_dir / "ckpt_best.pt")
-            print(f"ckpt_best.pt did not hold the best iteration, {best_iter}: copied it from ckpt.pt",
+        mended = checkpoint.make_best_good(out_dir) if master else None
+        if mended is not None:
+            print(f"ckpt_best.pt did not hold the best iteration, {mended}: copied it from ckpt.pt",
                   flush=True)
         if start_iter >= cfg.max_iters:
+            if mended is not None:      # what the failed copy's message asked for is done
+                print(f"done: the run had already reached iteration {start_iter}", flush=True)
+                return {"stopped_by": None, "iters": start_iter, "best_val_loss": best_val,
+                        "skipped_steps": 0, "wall_s": 0.0}
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
         then = ckpt["train_config"]     # as saved: a setting newer than the run at its default

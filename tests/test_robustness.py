@@ -213,12 +213,22 @@ def test_the_best_checkpoint_is_a_copy_and_a_failed_copy_is_made_good_on_resumin
     assert train.main([f"--out_dir={full}", "--resume"]) == 0
     assert "ckpt_best.pt did not hold the best iteration, 2: copied it from ckpt.pt" in capsys.readouterr().out
     assert checkpoint.load(full / "ckpt_best.pt")["iter"] == 4
-    # the same at the last iteration, where a resume has no step left to take
+    # the same at the last iteration, where a resume has no step left to take: that is all it does
     (full / "ckpt_best.pt").unlink()
     assert checkpoint.load(full / "ckpt.pt")["best_iter"] == 4
-    assert train.main([f"--out_dir={full}", "--resume"]) == 2      # already at iteration 4
-    assert "copied it from ckpt.pt" in capsys.readouterr().out
+    assert train.main([f"--out_dir={full}", "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "copied it from ckpt.pt" in said and "done: the run had already reached iteration 4" in said
     assert checkpoint.load(full / "ckpt_best.pt")["iter"] == 4
+    # a ckpt.pt put back from a backup never makes a newer ckpt_best.pt older
+    older = full / "older.pt"
+    shutil.copy(out / "ckpt_best.pt", older)                       # iteration 4 of another run
+    ckpt = checkpoint.load(older)
+    ckpt.update(iter=2, best_iter=2)
+    checkpoint.save(ckpt, full / "ckpt.pt")
+    before = (full / "ckpt_best.pt").read_bytes()
+    train.main([f"--out_dir={full}", "--resume", "--max_iters=2"])
+    assert (full / "ckpt_best.pt").read_bytes() == before
 
 
 @pytest.mark.parametrize("error, size", [
@@ -420,8 +430,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"dataset 'nosuch' is not prepared"),
     ("a dataset's folder as data_dir", "train",
      lambda d, t, g: [*tiny_args(d, t / "o"), f"--data_dir={d / 'tiny'}", "--dataset=shakespeare_char"],
-     r"data_dir='.*tiny' holds a prepared dataset itself; to train on it, give --data_dir=.*data "
-     r"--dataset=tiny; for shakespeare_char, give the folder that holds it, or a new one\n$"),
+     r"data_dir='.*tiny' holds a prepared dataset itself \(train.bin, val.bin, meta.json\); to train on "
+     r"it, give --data_dir=.*data --dataset=tiny; to prepare shakespeare_char, give a data_dir without "
+     r"those files\n$"),
 
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
@@ -982,7 +993,7 @@ def test_a_path_given_as_the_dataset_is_named_and_a_stray_meta_json_stops_nothin
     (data_dir / "val.bin").write_bytes(b"")
     assert ensure_prepared(str(data_dir), "tiny") == data_dir / "tiny"
     with pytest.raises(UserError, match=r"is not prepared: .*; data_dir=.* holds a prepared dataset "
-                                        r"itself; to train on it, give --data_dir=.* --dataset=data$"):
+                                        r"itself .*; to train on it, give --data_dir=.* --dataset=data$"):
         ensure_prepared(str(data_dir), "other")         # a missing one: both are said
 
 

@@ -194,6 +194,26 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     assert sweep.odd_runs(rows, {}) == []
     rows = [row(f"n_head={h}", 1, n_head=h, n_kv_head=h) for h in (1, 2, 4)]
     assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
+    # pinned by a batch_size axis, it is still compared: a run resumed with a smaller one is named
+    rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
+    rows[3]["_config"]["eval_batch_size"] = 2
+    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == ["batch_size=8__seed=2: eval_batch_size=2 (the others 4)"]
+
+
+def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys):
+    from gpt import checkpoint
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true")
+    assert train.main(argv) == 0
+    run = out / "residual=true__seed=1337"
+    assert checkpoint.load(run / "ckpt.pt")["best_iter"] == 4
+    (run / "ckpt_best.pt").unlink()                 # as a full disk at its copy left the run
+    (run / "result.json").write_text(json.dumps({"status": "failed", "returncode": 2, "wall_s": 1.0}))
+    capsys.readouterr()
+    assert train.main(argv) == 0
+    assert (f"{run.name}: ckpt_best.pt did not hold the best iteration, 4: copied it from ckpt.pt"
+            in capsys.readouterr().out)
+    assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
 
 
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
