@@ -200,7 +200,7 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
     folder = Path(data_dir) / dataset
     if _prepared(folder):
         return folder
-    given, whole = Path(data_dir), Path(dataset)
+    given, whole = Path(data_dir).resolve(), Path(dataset)     # resolved: '.' has no name to give
     if len(whole.parts) > 1 and _prepared(whole):   # its path given as the dataset's name
         raise UserError(f"dataset={dataset!r} is a name under data_dir, not a path; give "
                         f"--data_dir={shlex.quote(str(whole.parent))} --dataset={shlex.quote(whole.name)}")

@@ -154,9 +154,14 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
     if not path.exists():
         return False
     try:
-        if checkpoint.load(path, mmap=True, needs=("iter",))["iter"] < max_iters:
-            return False
-        mended = checkpoint.make_best_good(run.folder)  # as a resume would, had there been steps left
+        with checkpoint.hold_folder(run.folder):    # not while a run started by hand trains there
+            if checkpoint.load(path, mmap=True, needs=("iter",))["iter"] < max_iters:
+                return False
+            try:    # as a resume would, had there been steps left
+                mended = checkpoint.make_best_good(run.folder)
+            except UserError as e:      # the run itself is whole: only its best copy is missing
+                print(f"{run.folder.name}: {e}")
+                return True
     except UserError:
         return False
     if mended is not None:
@@ -393,16 +398,17 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
 
     def value(config: dict, name: str) -> str:      # as the run used it, comparable as text
         v = config[name]
-        return json.dumps(v or config.get(STANDS_FOR[name]) if name in STANDS_FOR else v)
-
-    def follows(config: dict, name: str) -> bool:      # its 0, or the value its 0 gives
-        return config[name] in (0, config.get(STANDS_FOR[name]))
+        if name not in STANDS_FOR:
+            return json.dumps(v)
+        source = STANDS_FOR[name]       # n_kv_head is recorded resolved, eval_batch_size as given
+        follows = v == 0 or (name == "n_kv_head" and v == config.get(source))
+        if source in axes:      # across that axis, following it is the one same setting
+            return json.dumps(f"as {source}" if follows else v)
+        return json.dumps(config.get(source) if follows else v)
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
                 and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
-        if STANDS_FOR.get(name) in axes and all(follows(r["_config"], name) for r in have):
-            continue        # it moves with that axis in every run, as it should
         counts = {}
         for r in have:
             counts[value(r["_config"], name)] = counts.get(value(r["_config"], name), 0) + 1

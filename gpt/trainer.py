@@ -582,7 +582,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             print(f"ckpt_best.pt did not hold the best iteration, {mended}: copied it from ckpt.pt",
                   flush=True)
         if start_iter >= cfg.max_iters:
-            if mended is not None:      # what the failed copy's message asked for is done
+            if mended is not None and world == 1:   # what the failed copy's message asked for is done
                 print(f"done: the run had already reached iteration {start_iter}", flush=True)
                 return {"stopped_by": None, "iters": start_iter, "best_val_loss": best_val,
                         "skipped_steps": 0, "wall_s": 0.0}

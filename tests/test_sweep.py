@@ -198,9 +198,18 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[3]["_config"]["eval_batch_size"] = 2
     assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == ["batch_size=8__seed=2: eval_batch_size=2 (the others 4)"]
+    # following the axis (0) is the sweep's setting; the one run pinned apart is named
+    rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=0) for b in (8, 16) for s in (1, 2)]
+    rows[3]["_config"]["eval_batch_size"] = 8
+    assert sweep.odd_runs(rows, {"batch_size": [8, 16]}) == [
+        "batch_size=16__seed=2: eval_batch_size=8 (the others 'as batch_size')"]
+    rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=h) for h in (2, 4) for s in (1, 2)]
+    rows[3]["_config"]["n_kv_head"] = 2                 # grouped-query attention in one run
+    assert sweep.odd_runs(rows, {"n_head": [2, 4]}) == [
+        "n_head=4__seed=2: n_kv_head=2 (the others 'as n_head')"]
 
 
-def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys):
+def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys, monkeypatch):
     from gpt import checkpoint
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true")
@@ -214,6 +223,19 @@ def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path,
     assert (f"{run.name}: ckpt_best.pt did not hold the best iteration, 4: copied it from ckpt.pt"
             in capsys.readouterr().out)
     assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
+    # never while another process trains the run, and a copy that fails is said, the run kept
+    (run / "ckpt_best.pt").unlink()
+    entry = sweep.Run({"residual": True}, 1337, run)
+    with checkpoint.hold_folder(run):
+        assert not sweep._finished_by_checkpoint(entry, 4)
+    assert not (run / "ckpt_best.pt").exists()
+
+    def read_only(*args):
+        raise sweep.UserError(f"cannot save {run / 'ckpt_best.pt'} (Read-only file system)")
+    monkeypatch.setattr(checkpoint, "save_copy", read_only)
+    capsys.readouterr()
+    assert sweep._finished_by_checkpoint(entry, 4)
+    assert f"{run.name}: cannot save {run / 'ckpt_best.pt'} (Read-only file system)" in capsys.readouterr().out
 
 
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
