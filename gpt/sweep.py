@@ -159,9 +159,9 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
                 return False
             try:    # as a resume would, had there been steps left
                 mended = checkpoint.make_best_good(run.folder)
-            except UserError as e:      # the run itself is whole: only its best copy is missing
+            except UserError as e:      # its resume tries again, and says so in its log.txt
                 print(f"{run.folder.name}: {e}")
-                return True
+                return False
     except UserError:
         return False
     if mended is not None:
@@ -396,34 +396,43 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
     have: one resumed by hand with more steps, say. The tables would average two experiments."""
     skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
 
-    def value(config: dict, name: str) -> str:      # as the run used it, comparable as text
+    def readings(config: dict, name: str) -> set[str]:
+        """What the run's value may mean, as text: a setting whose 0 stands for another's value
+        (n_kv_head is recorded resolved, eval_batch_size as given) may follow that setting."""
         v = config[name]
         if name not in STANDS_FOR:
-            return json.dumps(v)
-        source = STANDS_FOR[name]       # n_kv_head is recorded resolved, eval_batch_size as given
-        follows = v == 0 or (name == "n_kv_head" and v == config.get(source))
-        if source in axes:      # across that axis, following it is the one same setting
-            return json.dumps(f"as {source}" if follows else v)
-        return json.dumps(config.get(source) if follows else v)
+            return {json.dumps(v)}
+        source = config.get(STANDS_FOR[name])
+        if v not in (0, source):
+            return {json.dumps(v)}
+        if STANDS_FOR[name] in axes:    # across that axis, following it is one same setting
+            return {json.dumps(f"as {STANDS_FOR[name]}"), json.dumps(source)}
+        return {json.dumps(source)}
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
                 and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
+        read = [readings(r["_config"], name) for r in have]
         counts = {}
-        for r in have:
-            counts[value(r["_config"], name)] = counts.get(value(r["_config"], name), 0) + 1
-        if len(counts) < 2:
+        for options in read:
+            for option in options:
+                counts[option] = counts.get(option, 0) + 1
+        if not counts or max(counts.values()) == len(have):
             continue
-        (usual, most), (_, next_most) = sorted(counts.items(), key=lambda kv: -kv[1])[:2]
-        if most == next_most:       # no majority to measure the others against
+        def follows(option: str) -> bool:
+            return option.startswith('"as ')
+        # most runs first; on a tie, following the axis (the default) before a value given
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], not follows(kv[0]), kv[0]))
+        (usual, most), (_, next_most) = ranked[:2]
+        if most == next_most and not follows(usual):
             split.append(f"{name} is split: " + ", ".join(
                 f"{shown(json.loads(v))} in {n}" for v, n in sorted(counts.items())))
             continue
-        for r in have:
-            if value(r["_config"], name) != usual:
+        for r, options in zip(have, read):
+            if usual not in options:
+                mine = sorted(options)[0]
                 odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
-                    f"{name}={shown(json.loads(value(r['_config'], name)))} (the others "
-                    f"{shown(json.loads(usual))})")
+                    f"{name}={shown(json.loads(mine))} (the others {shown(json.loads(usual))})")
     return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split
 
 

@@ -581,9 +581,14 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if mended is not None:
             print(f"ckpt_best.pt did not hold the best iteration, {mended}: copied it from ckpt.pt",
                   flush=True)
+        if world > 1:   # every rank must end the same way below
+            flag = torch.tensor(float(mended is not None), device=device)
+            torch.distributed.broadcast(flag, 0)
+            mended = start_iter if flag.item() > 0 else None
         if start_iter >= cfg.max_iters:
-            if mended is not None and world == 1:   # what the failed copy's message asked for is done
-                print(f"done: the run had already reached iteration {start_iter}", flush=True)
+            if mended is not None:      # what the failed copy's message asked for is done
+                if master:
+                    print(f"done: the run had already reached iteration {start_iter}", flush=True)
                 return {"stopped_by": None, "iters": start_iter, "best_val_loss": best_val,
                         "skipped_steps": 0, "wall_s": 0.0}
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "

@@ -34,3 +34,18 @@ def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_pa
     assert len(a) == len(b) == 8
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
     assert a[-1] < a[0]
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_every_rank_ends_alike_when_a_resume_at_the_end_only_mends_the_best_copy(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2",
+                                "--gradient_accumulation_steps=2")) == 0
+    (out / "ckpt_best.pt").unlink()                 # as a failed copy at the last save left it
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+                           f"--out_dir={out}", "--resume", "--threads=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ranks = [line for line in proc.stderr.splitlines() if not re.match(r"[WEI]\d{4} ", line)]
+    assert proc.returncode == 0, "\n".join(ranks)[-3000:]
+    assert proc.stdout.count("done: the run had already reached iteration 4") == 1     # rank 0 alone
+    assert (out / "ckpt_best.pt").read_bytes() == (out / "ckpt.pt").read_bytes()

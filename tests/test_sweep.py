@@ -207,6 +207,13 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     rows[3]["_config"]["n_kv_head"] = 2                 # grouped-query attention in one run
     assert sweep.odd_runs(rows, {"n_head": [2, 4]}) == [
         "n_head=4__seed=2: n_kv_head=2 (the others 'as n_head')"]
+    # given for every run, a value that equals the axis's in one of them is no odd run
+    for kv, heads in ((2, (2, 4, 8)), (1, (1, 2, 4))):
+        rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=kv) for h in heads for s in (1, 2)]
+        assert sweep.odd_runs(rows, {"n_head": list(heads)}) == []
+    rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
+    rows[0]["_config"]["eval_batch_size"] = 0           # the same windows as the 4 pinned
+    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == []
 
 
 def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys, monkeypatch):
@@ -234,8 +241,12 @@ def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path,
         raise sweep.UserError(f"cannot save {run / 'ckpt_best.pt'} (Read-only file system)")
     monkeypatch.setattr(checkpoint, "save_copy", read_only)
     capsys.readouterr()
-    assert sweep._finished_by_checkpoint(entry, 4)
+    assert not sweep._finished_by_checkpoint(entry, 4)     # its own resume mends it, or says why not
     assert f"{run.name}: cannot save {run / 'ckpt_best.pt'} (Read-only file system)" in capsys.readouterr().out
+    monkeypatch.undo()
+    (run / "result.json").unlink()                  # as the sweep leaves a run it did not count
+    assert train.main(argv) == 0
+    assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
 
 
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
