@@ -148,8 +148,9 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
 
 
 def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
-    """A run whose result was never recorded (the sweep was stopped as it ended) but whose
-    checkpoint is complete."""
+    """A run whose result was never recorded (the sweep was stopped as it ended, or a copy of
+    ckpt_best.pt failed at its last save) but whose checkpoint is complete; its ckpt_best.pt is
+    made good on the way."""
     path = run.folder / "ckpt.pt"
     if not path.exists():
         return False
