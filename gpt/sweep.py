@@ -404,7 +404,9 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
         if name not in STANDS_FOR:
             return {json.dumps(v)}
         source = config.get(STANDS_FOR[name])
-        if v not in (0, source):
+        # eval_batch_size is recorded as given (a sweep may pin it), n_kv_head resolved
+        follows = v == 0 if name == "eval_batch_size" else v == source
+        if not follows:
             return {json.dumps(v)}
         if STANDS_FOR[name] in axes:    # across that axis, following it is one same setting
             return {json.dumps(f"as {STANDS_FOR[name]}"), json.dumps(source)}
@@ -425,13 +427,18 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
         # most runs first; on a tie, following the axis (the default) before a value given
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], not follows(kv[0]), kv[0]))
         (usual, most), (_, next_most) = ranked[:2]
+        def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
+            return min(options, key=lambda o: (not follows(o), o))
         if most == next_most and not follows(usual):
+            runs = {}
+            for options in read:
+                runs[shown_as(options)] = runs.get(shown_as(options), 0) + 1
             split.append(f"{name} is split: " + ", ".join(
-                f"{shown(json.loads(v))} in {n}" for v, n in sorted(counts.items())))
+                f"{shown(json.loads(v))} in {n}" for v, n in sorted(runs.items())))
             continue
         for r, options in zip(have, read):
             if usual not in options:
-                mine = sorted(options)[0]
+                mine = shown_as(options)
                 odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
                     f"{name}={shown(json.loads(mine))} (the others {shown(json.loads(usual))})")
     return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split

@@ -214,6 +214,11 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[0]["_config"]["eval_batch_size"] = 0           # the same windows as the 4 pinned
     assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == []
+    # pinned by the sweep, a run resumed by hand at 0 (its own batch size) is the odd one
+    rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
+    rows[3]["_config"]["eval_batch_size"] = 0
+    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == [
+        "batch_size=8__seed=2: eval_batch_size='as batch_size' (the others 4)"]
 
 
 def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys, monkeypatch):
