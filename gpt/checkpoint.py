@@ -72,11 +72,10 @@ def save_copy(path: Path, other: Path) -> None:
     _sync_folder(other.parent)
 
 
-def make_best_good(folder: Path) -> int | None:
-    """When ckpt.pt holds the run's best iteration and ckpt_best.pt is missing, damaged or older
-    (its copy failed: a full disk, a kill between the two files), copy it again. Returns that
-    iteration, or None when nothing needed doing."""
-    ckpt = load(Path(folder) / "ckpt.pt", mmap=True, needs=("iter",))
+def make_best_good(folder: Path, ckpt: dict) -> int | None:
+    """When ckpt, the folder's ckpt.pt as loaded, holds the run's best iteration and ckpt_best.pt
+    is missing, damaged or older (its copy failed: a full disk, a kill between the two files),
+    copy it again. Returns that iteration, or None when nothing needed doing."""
     best_iter = ckpt.get("best_iter")
     if best_iter is None or best_iter != ckpt["iter"]:
         return None

@@ -61,7 +61,7 @@ def check_types(obj) -> None:
     Other kinds of numbers and strings (numpy's, from np.arange) become Python's own."""
     for f in dataclasses.fields(obj):
         value, kind = getattr(obj, f.name), _field_type(type(obj), f)
-        if type(value) not in (bool, int, float, str) and not isinstance(value, bool):
+        if type(value) not in (bool, int, float, str):
             if kind is int and isinstance(value, numbers.Integral):
                 object.__setattr__(obj, f.name, int(value))
             elif kind is float and isinstance(value, numbers.Real):

@@ -32,8 +32,8 @@ from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, b
 from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, read_jsonl,
-                      recorded_codes, write_json)
+from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, codes_in,
+                      read_jsonl, recorded_codes, write_json)
 
 
 @dataclass
@@ -156,10 +156,11 @@ def _finished_by_checkpoint(run: Run, max_iters: int) -> bool:
         return False
     try:
         with checkpoint.hold_folder(run.folder):    # not while a run started by hand trains there
-            if checkpoint.load(path, mmap=True, needs=("iter",))["iter"] < max_iters:
+            ckpt = checkpoint.load(path, mmap=True, needs=("iter",))
+            if ckpt["iter"] < max_iters:
                 return False
             try:    # as a resume would, had there been steps left
-                mended = checkpoint.make_best_good(run.folder)
+                mended = checkpoint.make_best_good(run.folder, ckpt)
             except UserError as e:      # its resume tries again, and says so in its log.txt
                 print(f"{run.folder.name}: {e}")
                 return False
@@ -358,6 +359,8 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
     rows = []
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
         evals = _evals(r.folder)
+        config_path = r.folder / "config.json"
+        record = _read_json(config_path) if config_path.exists() else {}
         result_path = r.folder / "result.json"
         result = _read_json(result_path) if result_path.exists() else {}
         final = evals[-1] if evals else {}
@@ -371,21 +374,14 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
-               "code": " ".join(recorded_codes(r.folder / "config.json")) or "unknown",
-               "_config": _settings_of(r.folder),
+               "code": " ".join(codes_in(record)) or "unknown",
+               "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
+                           for k, v in record[section].items()},       # the run's settings, in one table
                "_setting": setting_label(r.setting), "_evals": evals,
                "_short": ", ".join(_text(v) for v in r.setting.values()) or "base",
                "_axes": ", ".join(r.setting) or "setting"}
         rows.append(row)
     return sweep, rows
-
-
-def _settings_of(folder: Path) -> dict:
-    """A run's recorded settings, model and training in one table; none before it has started."""
-    path = folder / "config.json"
-    record = _read_json(path) if path.exists() else {}
-    return {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
-            for k, v in record[section].items()}
 
 
 # settings whose 0 stands for another's value, as the run resolves it
@@ -411,6 +407,11 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
         if STANDS_FOR[name] in axes:    # across that axis, following it is one same setting
             return {json.dumps(f"as {STANDS_FOR[name]}"), json.dumps(source)}
         return {json.dumps(source)}
+    def follows(option: str) -> bool:
+        return option.startswith('"as ')
+
+    def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
+        return min(options, key=lambda o: (not follows(o), o))
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
@@ -422,13 +423,9 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
                 counts[option] = counts.get(option, 0) + 1
         if not counts or max(counts.values()) == len(have):
             continue
-        def follows(option: str) -> bool:
-            return option.startswith('"as ')
         # most runs first; on a tie, following the axis (the default) before a value given
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], not follows(kv[0]), kv[0]))
         (usual, most), (_, next_most) = ranked[:2]
-        def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
-            return min(options, key=lambda o: (not follows(o), o))
         if most == next_most and not follows(usual):
             runs = {}
             for options in read:

@@ -456,9 +456,13 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
 def recorded_codes(path: Path) -> list[str]:
     """The code versions recorded in a run's config.json; none for a run older than the record."""
     try:
-        codes = json.loads(path.read_text()).get("code", [])
-    except (OSError, ValueError, AttributeError):
+        return codes_in(json.loads(path.read_text()))
+    except (OSError, ValueError):
         return []
+
+
+def codes_in(record) -> list[str]:
+    codes = record.get("code", []) if isinstance(record, dict) else []
     return [c for c in codes if isinstance(c, str)] if isinstance(codes, list) else []
 
 
@@ -577,7 +581,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         set_rng_state(ckpt["rng"], device)
         batches.set_state(ckpt["batch_rng"])
         best_iter = ckpt.get("best_iter")
-        mended = checkpoint.make_best_good(out_dir) if master else None
+        mended = checkpoint.make_best_good(out_dir, ckpt) if master else None
         if mended is not None:
             print(f"ckpt_best.pt did not hold the best iteration, {mended}: copied it from ckpt.pt",
                   flush=True)
@@ -646,7 +650,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
 
     def save(it: int, best: bool = False) -> None:
         """ckpt.pt at iteration it, first, so that a run whose disk fills can still be resumed;
-        with best, ckpt_best.pt becomes the same file. A second Ctrl-C waits for both."""
+        with best, ckpt_best.pt becomes a copy of it. A second Ctrl-C waits for both."""
         nonlocal last_saved
         with stop.hold():
             try:
