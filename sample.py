@@ -5,12 +5,8 @@ The checkpoint carries the model's config and vocabulary, so nothing else is nee
 import sys
 from pathlib import Path
 
-try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
-    from gpt.config import SampleConfig, UserError, build, help_text, parse_argv
-    from gpt.console import output_may_close, silence
-except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+from gpt.config import SampleConfig, UserError, build, help_text, parse_argv   # torch loads in sample()
+from gpt.console import output_may_close, silence
 
 
 def main(argv: list[str] | None = None) -> int:

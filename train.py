@@ -6,16 +6,15 @@ a sweep config, runs the whole grid (see gpt.sweep)."""
 import sys
 from pathlib import Path
 
-try:    # importing torch takes seconds: a Ctrl-C then gets one line, as later
-    from gpt import sweep, trainer
-    from gpt.config import SECTIONS, SweepConfig, TrainConfig, UserError, build, help_text, parse_argv
-    from gpt.console import output_may_close
-except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    sys.exit(130)
+from gpt.console import interrupt_quietly_while_loading, loaded, output_may_close
+
+interrupt_quietly_while_loading(__name__)      # before torch loads
+from gpt import sweep, trainer  # noqa: E402
+from gpt.config import SECTIONS, SweepConfig, TrainConfig, UserError, build, help_text, parse_argv  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    loaded()        # a Ctrl-C from here on stops the run as run() says
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         with output_may_close(product=True):

@@ -73,19 +73,24 @@ def _interrupted_while_loading(signum, frame):
 
 
 def interrupt_quietly_while_loading(module_name: str) -> None:
-    """Called first by a module run as `python -m gpt.X`: a Ctrl-C while its imports load (torch
-    takes seconds) then ends it with the one line interrupt_in_one_line gives later, not a
-    traceback from inside torch. interrupt_in_one_line hands Ctrl-C back to Python."""
+    """Called first by a command (train.py, `python -m gpt.X`): a Ctrl-C while its imports load
+    (torch takes seconds) then ends it with the one line interrupt_in_one_line gives later, not a
+    traceback from inside torch. loaded() hands Ctrl-C back to Python."""
     # a process started with Ctrl-C ignored (a job in the background of a script) keeps it so
     if module_name == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_while_loading)
 
 
+def loaded() -> None:
+    """The imports are done: Ctrl-C raises KeyboardInterrupt again, for the command to handle."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @contextlib.contextmanager
 def interrupt_in_one_line():
     """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_loading:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    loaded()
     try:
         yield
     except KeyboardInterrupt:

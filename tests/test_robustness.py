@@ -963,21 +963,27 @@ def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
     assert proc.returncode == 2 and proc.stderr == ""
 
 
-@pytest.mark.parametrize("script", ["train.py", "sample.py", "data/shakespeare_char/prepare.py",
-                                    "data/shakespeare/prepare.py"])
+@pytest.mark.parametrize("script", ["train.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py"])
 def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
-    # the Ctrl-C lands in the imports, where loading torch spends its seconds
-    code = ("import builtins, runpy, sys\n"
+    # a real SIGINT, sent as the script starts importing torch, where it spends its seconds
+    code = ("import builtins, os, runpy, signal, sys\n"
             "real = builtins.__import__\n"
-            "def interrupted(name, *args, **kwargs):\n"
-            "    if name.startswith('gpt'):\n"
-            "        raise KeyboardInterrupt\n"
+            "def importing(name, *args, **kwargs):\n"
+            "    if name == 'torch':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
             "    return real(name, *args, **kwargs)\n"
-            "builtins.__import__ = interrupted\n"
+            "builtins.__import__ = importing\n"
             f"sys.argv = [{script!r}, '--help']\n"
             f"runpy.run_path({script!r}, run_name='__main__')\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 130 and proc.stderr == "interrupted\n" and proc.stdout == ""
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
+
+
+def test_sample_py_loads_torch_only_once_it_samples():
+    proc = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['sample.py', '--help']; "
+                           "runpy.run_path('sample.py', run_name='not_main'); print('torch' in sys.modules)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "False\n", proc.stderr     # a Ctrl-C before sample() has nothing slow to cut
 
 
 def test_a_path_given_as_the_dataset_is_named_and_a_stray_meta_json_stops_nothing(data_dir, tmp_path,
