@@ -963,9 +963,12 @@ def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
     assert proc.returncode == 2 and proc.stderr == ""
 
 
-@pytest.mark.parametrize("script", ["train.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py"])
+@pytest.mark.parametrize("script", ["train.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py",
+                                    "gpt.sweep", "gpt.inspect", "gpt.diagnostics", "gpt.bench"])
 def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
-    # a real SIGINT, sent as the script starts importing torch, where it spends its seconds
+    # a real SIGINT, sent as the command starts importing torch, where it spends its seconds
+    run = (f"runpy.run_path({script!r}, run_name='__main__')" if script.endswith(".py") else
+           f"runpy.run_module({script!r}, run_name='__main__', alter_sys=True)")
     code = ("import builtins, os, runpy, signal, sys\n"
             "real = builtins.__import__\n"
             "def importing(name, *args, **kwargs):\n"
@@ -973,8 +976,7 @@ def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
             "        os.kill(os.getpid(), signal.SIGINT)\n"
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = importing\n"
-            f"sys.argv = [{script!r}, '--help']\n"
-            f"runpy.run_path({script!r}, run_name='__main__')\n")
+            f"sys.argv = [{script!r}, '--help']\n{run}\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
 
@@ -1050,22 +1052,6 @@ def test_the_loading_handler_gives_ctrl_c_back_and_never_takes_an_ignored_one():
             assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
-
-
-@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics", "gpt.bench"])
-def test_a_ctrl_c_while_a_module_command_loads_torch_gets_one_line(module):
-    # a real SIGINT, sent as the command starts importing torch
-    code = ("import builtins, os, runpy, signal, sys\n"
-            "real = builtins.__import__\n"
-            "def importing(name, *args, **kwargs):\n"
-            "    if name == 'torch':\n"
-            "        os.kill(os.getpid(), signal.SIGINT)\n"
-            "    return real(name, *args, **kwargs)\n"
-            "builtins.__import__ = importing\n"
-            f"sys.argv = [{module!r}, '--help']\n"
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", "")
 
 
 @pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics",
