@@ -7,11 +7,14 @@ or {"tokenizer": "tiktoken", "vocab_size": N, "encoding": "gpt2"}, in UTF-8. No 
 
 from __future__ import annotations
 
+import codecs
 import http.client
 import json
 import os
+import re
 import shlex
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ import torch
 
 from .config import UserError
 
+PIECE = 1 << 20     # characters of a text file read at a time while preparing it
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
                         "data/tinyshakespeare/input.txt")
 
@@ -87,29 +91,53 @@ def tokenizer_from_meta(meta: dict):
 
 # ---------------------------------------------------------------- preparing a dataset
 
-def read_text(input_path: Path, download_url: str | None = None) -> str:
-    """The text at input_path, downloaded there first when it is missing and a URL is known."""
-    if not input_path.exists():
-        if download_url is None:
-            raise UserError(f"{input_path} does not exist; give a text file with --input FILE")
-        try:
-            print(f"downloading {download_url} -> {input_path}")
-            with urllib.request.urlopen(download_url, timeout=30) as response:
-                data = response.read()
-            input_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = input_path.with_suffix(f".part{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, input_path)
-        except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
-            raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
-                            f"from {download_url} at {input_path} and run again") from None
+def fetch_text(input_path: Path, download_url: str) -> None:
+    """Download the text to input_path unless it is there."""
+    if input_path.exists():
+        return
     try:
-        return input_path.read_text(encoding="utf-8-sig")   # a byte-order mark is no character
-    except UnicodeDecodeError as e:
-        raise UserError(f"{input_path} is not UTF-8 text (byte {e.start}); convert it, e.g. with "
-                        f"iconv -t utf-8") from None
+        print(f"downloading {download_url} -> {input_path}")
+        with urllib.request.urlopen(download_url, timeout=30) as response:
+            data = response.read()
+        input_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = input_path.with_suffix(f".part{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, input_path)
+    except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
+        raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
+                        f"from {download_url} at {input_path} and run again") from None
+
+
+def text_pieces(path: Path) -> Iterator[str]:
+    """The text of a UTF-8 file, PIECE characters at a time, line ends made \\n and a byte-order
+    mark dropped, so that a file of any size can be prepared in little memory."""
+    if not path.exists():
+        raise UserError(f"{path} does not exist; give a text file with --input FILE")
+    try:
+        with open(path, encoding="utf-8-sig") as f:     # a byte-order mark is no character
+            while piece := f.read(PIECE):
+                yield piece
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text (byte {first_bad_byte(path)}); convert it, e.g. "
+                        "with iconv -t utf-8") from None
     except OSError as e:        # a folder, or no permission
-        raise UserError(f"{input_path} cannot be read ({e.strerror}); give a text file") from None
+        raise UserError(f"{path} cannot be read ({e.strerror}); give a text file") from None
+
+
+def first_bad_byte(path: Path) -> int:
+    """Where a file stops being UTF-8: a text reader's error gives only a place in its buffer."""
+    decoder, done = codecs.getincrementaldecoder("utf-8")(), 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(1 << 20)
+            pending = len(decoder.getstate()[0])    # bytes of a character the last block began
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                return done - pending + e.start
+            if not block:
+                return done
+            done += len(block)
 
 
 def read_prompt(start: str) -> str:
@@ -148,12 +176,27 @@ def encode_prompt(tok, prompt: str, default: bool) -> list[int]:
 
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
     """Tokenize text, split it train/val, and write train.bin, val.bin and meta.json."""
-    if not text:
-        raise UserError("the input text is empty")
-    tok = CharTokenizer(sorted(set(text))) if tokenizer == "char" else TiktokenTokenizer("gpt2")
+    return _prepare(lambda: (text[i:i + PIECE] for i in range(0, len(text), PIECE)), "the input text",
+                    out_dir, tokenizer, val_fraction)
+
+
+def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
+    """prepare() for the text of a UTF-8 file, read twice in pieces rather than held whole."""
+    return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction)
+
+
+def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: float) -> dict:
+    """pieces() gives the text in pieces, once to learn its size and characters, once to encode it."""
+    chars, length = set(), 0
+    for piece in pieces():
+        chars.update(piece)
+        length += len(piece)
+    if not length:
+        raise UserError(f"{source} is empty; give a text file to prepare")
+    tok = CharTokenizer(sorted(chars)) if tokenizer == "char" else TiktokenTokenizer("gpt2")
     if tok.vocab_size > 65536:
         raise UserError(f"vocabulary of {tok.vocab_size} does not fit uint16 token ids")
-    n = int(len(text) * (1 - val_fraction))
+    n = int(length * (1 - val_fraction))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -167,22 +210,75 @@ def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: flo
     pid = os.getpid()                   # two preparers never share a temporary file
     tmps = [path.with_name(f"{path.name}.tmp{pid}") for path in targets]
     try:
-        sizes = {}
-        for split, part, tmp in (("train", text[:n], tmps[0]), ("val", text[n:], tmps[1])):
-            ids = np.array(tok.encode(part), dtype=np.uint16)
-            ids.tofile(tmp)
-            sizes[split] = len(ids)
-        meta = {**tok.meta(), "train_tokens": sizes["train"], "val_tokens": sizes["val"]}
+        with open(tmps[0], "wb") as train, open(tmps[1], "wb") as val:
+            sizes = _write_ids(pieces(), n, tok, (train, val))
+        meta = {**tok.meta(), "train_tokens": sizes[0], "val_tokens": sizes[1]}
         tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
             os.replace(tmp, path)
-    except BaseException as e:  # a full disk, a character the tokenizer refuses, Ctrl-C
+    except BaseException as e:  # a full disk, a file that stops being UTF-8 text, Ctrl-C
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
         raise
     return meta
+
+
+def _encoder(tok):
+    """(encode, cut): encode turns text into uint16 ids; cut(text, since) is how much of text,
+    which has no cut before since, encodes as it would within a longer text."""
+    if isinstance(tok, TiktokenTokenizer):
+        def cut(text: str, since: int) -> int:
+            last = None
+            for last in _LINE_END.finditer(text, max(since - 1, 0)):
+                pass
+            return last.start() if last else 0
+        return lambda text: np.array(tok.encode(text), dtype=np.uint16), cut
+    points = np.array([ord(c) for c in tok.chars], dtype=np.uint32)    # sorted, as chars are
+
+    def encode(text: str) -> np.ndarray:
+        """All of a piece's characters looked up at once by code point, not one by one."""
+        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        ids = np.minimum(np.searchsorted(points, codes), len(points) - 1)
+        if not np.array_equal(points[ids], codes):      # the file changed since it was read
+            raise UserError("the text changed while it was being prepared; prepare it again")
+        return ids.astype(np.uint16)
+    return encode, lambda text, since: len(text)
+
+
+# GPT-2's pre-tokenizer never puts a non-space character and a newline after it in one piece, and
+# BPE merges only within a piece, so text cut between the two encodes as it would whole. (Not
+# after the newline: a text's trailing newlines pre-tokenize as one piece, inside it one each.)
+_LINE_END = re.compile(r"(?<=\S)\n")
+
+
+def _write_ids(pieces, n: int, tok, files) -> list[int]:
+    """Encode the text's first n characters into files[0], the rest into files[1], each half as
+    it would encode whole; returns the two token counts."""
+    encode, cut = _encoder(tok)
+    sizes, done, held, split = [0, 0], 0, "", 0
+
+    def write(end: int) -> None:
+        nonlocal held
+        ids = encode(held[:end])
+        ids.tofile(files[split])
+        sizes[split] += len(ids)
+        held = held[end:]
+
+    for piece in pieces:
+        at = min(max(n - done, 0), len(piece))     # where val begins in this piece
+        done += len(piece)
+        for half, part in ((0, piece[:at]), (1, piece[at:])):
+            if not part:
+                continue
+            if half != split:       # the train half is complete
+                write(len(held))
+                split = half
+            since, held = len(held), held + part
+            write(cut(held, since))
+    write(len(held))
+    return sizes
 
 
 DATASETS = {  # name -> (tokenizer, public source of its input.txt)
@@ -216,8 +312,8 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
     if inside:
         raise UserError(f"{inside}; to prepare {dataset}, give a data_dir without those files")
     tokenizer, url = DATASETS[dataset]
-    text = read_text(folder / "input.txt", url)
-    meta = prepare(text, folder, tokenizer)
+    fetch_text(folder / "input.txt", url)
+    meta = prepare_file(folder / "input.txt", folder, tokenizer)
     print(f"prepared {folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
     return folder
 
@@ -336,10 +432,9 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
         out_dir = Path(args.out_dir) if args.out_dir is not None else default_dir
         source = Path(args.input) if args.input else out_dir / "input.txt"
-        text = read_text(source, None if args.input else url)
-        if not text:
-            raise UserError(f"{source} is empty; give a text file to prepare")
-        meta = prepare(text, out_dir, tokenizer)
+        if not args.input:
+            fetch_text(source, url)
+        meta = prepare_file(source, out_dir, tokenizer)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

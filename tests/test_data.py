@@ -54,6 +54,72 @@ def test_prepare_script_on_a_users_file(tmp_path, capsys):
     assert json.loads((tmp_path / "w" / "meta.json").read_text())["chars"] == sorted(set("hello world\n"))
 
 
+AWKWARD = ("\n\n\n  indented\n\u3000全角 é—\n\x1cx\n<|endoftext|>\nZ\r\n 'll\n\n'sx\n \n\t\nq\u2028\n"
+           "\x85\nend.\n\n")      # blank runs, leading and Unicode spaces, a special token, non-ASCII
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "tiktoken"])
+def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer, tmp_path, monkeypatch):
+    """The text is encoded piece by piece, so that a file of any size fits in memory; the ids must
+    be those of each half encoded whole, wherever the pieces end (BPE: only between a character
+    and a newline, as its pre-tokenizer would split anyway)."""
+    from gpt import data
+    if tokenizer == "tiktoken":
+        tiktoken = pytest.importorskip("tiktoken")
+        try:
+            enc = tiktoken.get_encoding("gpt2")
+        except Exception:
+            pytest.skip("GPT-2 BPE files are not available offline")
+        encode = lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})  # noqa: E731
+    else:
+        encode = lambda text: [sorted(set(text)).index(c) for c in text]          # noqa: E731
+    text = make_text(400) + AWKWARD * 3 + make_text(200, seed=1) + "\n\n"
+    n = int(len(text) * 0.9)
+    for piece in (1, 5, 64, len(text)):
+        monkeypatch.setattr(data, "PIECE", piece)
+        meta = prepare(text, tmp_path / str(piece), tokenizer=tokenizer)
+        train, val = (np.fromfile(tmp_path / str(piece) / f"{s}.bin", dtype=np.uint16).tolist()
+                      for s in ("train", "val"))
+        if tokenizer == "char":
+            assert meta["chars"] == sorted(set(text))
+            assert train == encode(text)[:n] and val == encode(text)[n:]
+        else:
+            assert train == encode(text[:n]) and val == encode(text[n:])
+        assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+
+
+def test_a_text_file_is_prepared_without_holding_it_in_memory(tmp_path, monkeypatch):
+    import tracemalloc
+    from gpt import data
+    from gpt.data import prepare_file
+    src = tmp_path / "big.txt"
+    src.write_bytes(("hello wörld\r\n" * 200_000).encode())     # 2.6 MB; CRLF read as \n
+    monkeypatch.setattr(data, "PIECE", 1 << 14)
+    tracemalloc.start()
+    try:
+        meta = prepare_file(src, tmp_path / "out")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert meta["chars"] == sorted(set("hello wörld\n"))
+    assert meta["train_tokens"] + meta["val_tokens"] == 12 * 200_000
+    assert peak < 1_000_000, f"{peak:,} bytes held while preparing a 2.6 MB file"
+
+
+@pytest.mark.parametrize("content, byte", [
+    (b"abcdefgh\xd8", 8),                   # past the first piece
+    ("é—".encode() * 5 + b"\xff", 25),     # after characters of several bytes
+    (b"ab\xc3", 2),                         # a character cut off at the end
+])
+def test_a_file_that_is_not_utf8_is_named_with_its_first_bad_byte(content, byte, tmp_path, monkeypatch):
+    from gpt import data
+    monkeypatch.setattr(data, "PIECE", 3)
+    (tmp_path / "bad.txt").write_bytes(content)
+    with pytest.raises(UserError, match=rf"bad.txt is not UTF-8 text \(byte {byte}\); convert it"):
+        data.prepare_file(tmp_path / "bad.txt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_config_file_saved_with_a_byte_order_mark_loads(tmp_path):
     path = tmp_path / "bom.toml"
     path.write_bytes(b"\xef\xbb\xbfn_layer = 2\n")
@@ -243,3 +309,20 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
     with pytest.raises(UserError, match=r"cannot write the dataset into .*tiny \(No space left on device\)"):
         prepare("hello world\n" * 50, folder)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_file_that_changes_while_it_is_prepared_is_not_encoded_with_the_wrong_vocabulary(tmp_path, monkeypatch):
+    from gpt import data
+    src = tmp_path / "a.txt"
+    src.write_text("abc\n" * 100)
+    read, passes = data.text_pieces, []
+
+    def pieces(path):
+        passes.append(path)
+        if len(passes) == 2:        # between learning the characters and encoding them
+            path.write_text("abcz\n" * 100)
+        yield from read(path)
+    monkeypatch.setattr(data, "text_pieces", pieces)
+    with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
+        data.prepare_file(src, tmp_path / "out")
+    assert list((tmp_path / "out").iterdir()) == []
