@@ -540,7 +540,9 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         torch.set_num_threads(cfg.threads)
     holds.enter_context(matmul_precision(cfg.matmul_precision, device_type))     # as it was after
 
-    folder = ensure_prepared(cfg.data_dir, cfg.dataset) if master else Path(cfg.data_dir) / cfg.dataset
+    # one process per machine prepares: another machine may not share this one's disk
+    node_master = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    folder = ensure_prepared(cfg.data_dir, cfg.dataset) if node_master else Path(cfg.data_dir) / cfg.dataset
     if world > 1:
         torch.distributed.barrier()
     meta = load_meta(folder)

@@ -1,4 +1,5 @@
 import json
+import socket
 import re
 import shutil
 import subprocess
@@ -49,3 +50,32 @@ def test_every_rank_ends_alike_when_a_resume_at_the_end_only_mends_the_best_copy
     assert proc.returncode == 0, "\n".join(ranks)[-3000:]
     assert proc.stdout.count("done: the run had already reached iteration 4") == 1     # rank 0 alone
     assert (out / "ckpt_best.pt").read_bytes() == (out / "ckpt.pt").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_each_machine_prepares_the_shipped_dataset_on_its_own_disk(tmp_path):
+    """Two one-process nodes whose data folders differ, as machines without a shared disk: each
+    prepares its own copy from the text that is there."""
+    text = (ROOT / "tests" / "conftest.py").read_text() * 20
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        (node / "data" / "shakespeare_char").mkdir(parents=True)
+        (node / "data" / "shakespeare_char" / "input.txt").write_text(text)
+    with socket.socket() as free:       # a port no other test's torchrun uses
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    args = ["--dataset=shakespeare_char", "--data_dir=data", "--out_dir=run", "--device=cpu",
+            "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16", "--batch_size=2",
+            "--max_iters=2", "--eval_interval=2", "--eval_iters=1", "--threads=1", "--wandb=false",
+            "--gradient_accumulation_steps=2"]
+    procs = [subprocess.Popen(["torchrun", "--nnodes=2", f"--node_rank={i}", "--nproc_per_node=1",
+                               "--master_addr=127.0.0.1", f"--master_port={port}",
+                               str(ROOT / "train.py"), *args],
+                              cwd=node, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i, node in enumerate(nodes)]
+    outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    for proc, out in zip(procs, outs):
+        assert proc.returncode == 0, out[-3000:]
+    for node in nodes:
+        assert (node / "data" / "shakespeare_char" / "meta.json").exists()
+    assert (nodes[0] / "run" / "ckpt.pt").exists() and not (nodes[1] / "run").exists()
