@@ -387,13 +387,14 @@ def available_configs() -> list[str]:
 
 
 def config_path(name: str) -> Path:
-    """A .toml path as given, else a config shipped in configs/ ('.toml' optional)."""
+    """A .toml path as given, else a config shipped in configs/, else a path; '.toml' optional."""
     path = Path(name)
     if path.suffix == ".toml" and path.is_file():
         return path
     stem = name.removesuffix(".toml")
-    if (CONFIG_DIR / f"{stem}.toml").is_file():
-        return CONFIG_DIR / f"{stem}.toml"
+    for candidate in (CONFIG_DIR / f"{stem}.toml", Path(f"{stem}.toml")):
+        if candidate.is_file():
+            return candidate
     close = difflib.get_close_matches(stem, available_configs(), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     what = "no such file, nor a shipped config of that name" if path.suffix == ".toml" else "no config named"

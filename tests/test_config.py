@@ -265,6 +265,15 @@ def test_a_shipped_config_may_be_named_with_its_suffix():
     assert parse_argv(["--config", "sweeps/heads.toml"]).sweep == parse_argv(["--config", "sweeps/heads"]).sweep
 
 
+def test_a_config_file_path_may_leave_out_its_suffix(tmp_path: Path, monkeypatch):
+    (tmp_path / "mine.toml").write_text("n_layer = 3\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("./mine", "mine", str(tmp_path / "mine")):
+        assert parse_argv(["--config", name]).values["n_layer"] == 3
+    (tmp_path / "shakespeare_char.toml").write_text("n_layer = 3\n")     # the shipped one comes first
+    assert parse_argv(["--config", "shakespeare_char"]).values["n_layer"] == 6
+
+
 def test_a_config_file_path_works(tmp_path: Path):
     path = tmp_path / "mine.toml"
     path.write_text('n_layer = 3\nlearning_rate = 1\n[sweep]\nresidual = [true, false]\nseeds = 2\n')
