@@ -601,7 +601,8 @@ def shown(value) -> str:
     return repr(text) if text != text.strip() or not text or "," in text or " " in text else text
 
 
-def help_text(prog: str, sections=SECTIONS) -> str:
+def help_text(prog: str, sections=SECTIONS, hidden=()) -> str:
+    """--help: each field of sections with its default and help, but those named in hidden."""
     configs, sweeps = TrainConfig in sections, SweepConfig in sections
     lines = [f"usage: python {prog}{' [--config NAME]' if configs else ''} [--name=value ...]"
              f"{' [--sweep name=v1,v2 ...]' if sweeps else ''}", ""]
@@ -614,7 +615,7 @@ def help_text(prog: str, sections=SECTIONS) -> str:
     for cls in sections:
         lines.append(f"{cls.__name__}:")
         for f in dataclasses.fields(cls):
-            if "given_by" in f.metadata:
+            if "given_by" in f.metadata or f.name in hidden:
                 continue
             choices = f.metadata.get("choices")
             allowed = f" [{' | '.join(choices)}]" if choices else ""

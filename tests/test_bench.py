@@ -35,6 +35,11 @@ def test_bench_rejects_bad_arguments(capsys):
         assert capsys.readouterr().err == f"error: {said}\n"
     assert bench.main(["--config", "shakespeare_char_cpu", "--max_iters=20"]) == 2
     assert "--max_iters: the bench sets it itself" in capsys.readouterr().err
+    assert bench.main(["--help"]) == 0      # what it sets itself is not offered as an option
+    shown = capsys.readouterr().out
+    assert "--bench_iters=" in shown and "--n_layer=" in shown
+    assert not any(f"--{name}=" in shown for name in ("max_iters", *bench.SET_BY_BENCH))
+    assert f"{', '.join(bench.SET_BY_BENCH)} are accepted, and not used." in shown
     assert bench.main(["--out_dir=out/some_run", "--resume"]) == 2     # would time the default model
     assert capsys.readouterr().err == ("error: --resume: the bench times a fresh model of the settings "
                                        "given; give the run's --config and options instead\n")
