@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import re
+import secrets
 import shlex
 import urllib.request
 from collections.abc import Iterator
@@ -91,6 +92,12 @@ def tokenizer_from_meta(meta: dict):
 
 # ---------------------------------------------------------------- preparing a dataset
 
+def unique() -> str:
+    """A name for a temporary file that no other process shares, on another machine either (the
+    first process of each machine of a torchrun prepares the data, maybe on one shared disk)."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def fetch_text(input_path: Path, download_url: str) -> None:
     """Download the text to input_path unless it is there."""
     if input_path.exists():
@@ -100,7 +107,7 @@ def fetch_text(input_path: Path, download_url: str) -> None:
         with urllib.request.urlopen(download_url, timeout=30) as response:
             data = response.read()
         input_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = input_path.with_suffix(f".part{os.getpid()}")
+        tmp = input_path.with_suffix(f".part{unique()}")
         tmp.write_bytes(data)
         os.replace(tmp, input_path)
     except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
@@ -207,8 +214,7 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     for path in targets:
         if path.exists() and not path.is_file():
             raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
-    pid = os.getpid()                   # two preparers never share a temporary file
-    tmps = [path.with_name(f"{path.name}.tmp{pid}") for path in targets]
+    tmps = [path.with_name(f"{path.name}.tmp{unique()}") for path in targets]
     try:
         with open(tmps[0], "wb") as train, open(tmps[1], "wb") as val:
             sizes = _write_ids(pieces(), n, tok, (train, val))

@@ -326,3 +326,24 @@ def test_a_file_that_changes_while_it_is_prepared_is_not_encoded_with_the_wrong_
     with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
         data.prepare_file(src, tmp_path / "out")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):
+    """The first process of each machine of a torchrun prepares the data, maybe on a shared disk,
+    where two of them can have the same process id."""
+    from gpt import data
+    src = tmp_path / "a.txt"
+    src.write_text(make_text(300))
+    read, passes = data.text_pieces, []
+
+    def pieces(path):
+        passes.append(path)
+        if len(passes) == 2:        # the first preparer is encoding: a second one runs meanwhile
+            data.prepare_file(src, tmp_path / "out")
+        yield from read(path)
+    monkeypatch.setattr(data, "text_pieces", pieces)
+    monkeypatch.setattr(os, "getpid", lambda: 4242)
+    meta = data.prepare_file(src, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert CharTokenizer(meta["chars"]).decode(ids.tolist()) == src.read_text()
