@@ -9,6 +9,7 @@ in one process or is split over several (DDP), and the same after a resume.
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import json
@@ -441,6 +442,27 @@ def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
                         "--out_dir")
 
 
+@torch.no_grad()
+def mean_losses(model: GPT, batches: Batches, splits, n_batches: int, batch_size: int, autocast,
+                interrupted=lambda: False) -> dict | None:
+    """{split_loss: mean loss} over the evaluation windows, or None once interrupted() is true."""
+    model.eval()
+    try:
+        out = {}
+        for split in splits:
+            xs, ys = batches.evenly_spaced(split, n_batches, batch_size)
+            losses = []
+            for x, y in zip(xs, ys):
+                if interrupted():
+                    return None
+                with autocast:
+                    losses.append(model(x, y)[1].item())
+            out[f"{split}_loss"] = float(np.mean(losses))
+        return out
+    finally:
+        model.train()
+
+
 def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     """The train.py options that give these configs: each value away from its default (the
     vocabulary size comes from the dataset)."""
@@ -561,6 +583,9 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; {go_on}, replace it "
                             "with --overwrite=true, or choose another --out_dir")
     unigram = unigram_loss(batches.ids["train"], batches.ids["val"], meta["vocab_size"])
+    dtype = autocast_dtype(cfg, device)
+    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
+                else contextlib.nullcontext())
     model = GPT(model_cfg).to(device)
     optimizer = make_optimizer(model, cfg)
 
@@ -603,9 +628,18 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         scored = (then.get("eval_iters", TrainConfig.eval_iters),
                   then.get("eval_batch_size") or then.get("batch_size", TrainConfig.batch_size))
         if master and scored != (cfg.eval_iters, eval_batch):
-            print(f"note: evaluations now score {cfg.eval_iters} batches of {eval_batch} windows, "
-                  f"before {scored[0]} of {scored[1]}: the val losses before and after, and the "
-                  "choice of ckpt_best.pt, compare other text", flush=True)
+            note = (f"note: evaluations now score {cfg.eval_iters} batches of {eval_batch} windows, "
+                    f"before {scored[0]} of {scored[1]}, so the val losses before and after compare "
+                    "other text")
+            if best_iter is not None:   # a copy, not a new model: building one would draw random numbers
+                best_model = copy.deepcopy(model)
+                checkpoint.load_weights(best_model, checkpoint.load(out_dir / "ckpt_best.pt", map_location=device))
+                rescored = mean_losses(best_model, batches, ("val",), cfg.eval_iters, eval_batch, autocast)
+                del best_model
+                note += (f"; ckpt_best.pt (iteration {best_iter}) scores {rescored['val_loss']:.4f} on "
+                         f"them, against {best_val:.4f} before, and later evaluations must beat that")
+                best_val = rescored["val_loss"]
+            print(note, flush=True)
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
@@ -638,9 +672,6 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
-    dtype = autocast_dtype(cfg, device)
-    autocast = (torch.autocast(device_type=device_type, dtype=dtype) if dtype != torch.float32
-                else contextlib.nullcontext())
     local_steps = cfg.gradient_accumulation_steps // world
     tokens_per_iter = tokens_per_step(model_cfg, cfg)
 
@@ -676,25 +707,12 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         return Diverged(f"{what} at iteration {it}; stopped, and {kept}. Lower --learning_rate, "
                         "or pass --skip_nonfinite=true to skip such steps")
 
-    @torch.no_grad()
     def evaluate(stoppable: bool) -> dict | None:
         """The mean losses, or None when a stop signal came meanwhile: an evaluation can take
         minutes, and it runs again on resuming. Under DDP the ranks finish it together, and
         the last one, which no resume would repeat, is always finished."""
-        raw_model.eval()
-        out = {}
-        for split in ("train", "val"):
-            xs, ys = batches.evenly_spaced(split, cfg.eval_iters, eval_batch)
-            losses = []
-            for x, y in zip(xs, ys):
-                if stoppable and stop.signal and world == 1:
-                    raw_model.train()
-                    return None
-                with autocast:
-                    losses.append(raw_model(x, y)[1].item())
-            out[f"{split}_loss"] = float(np.mean(losses))
-        raw_model.train()
-        return out
+        return mean_losses(raw_model, batches, ("train", "val"), cfg.eval_iters, eval_batch, autocast,
+                           lambda: stoppable and stop.signal is not None and world == 1)
 
     def stop_at(it: int) -> None:
         signal_name = stop.signal or "a signal to another process"

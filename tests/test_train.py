@@ -2,6 +2,7 @@ import dataclasses
 import json
 import math
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
 from gpt.config import GPTConfig, TrainConfig, UserError, shown
+from gpt.data import Batches
 from gpt import model as model_module
 from gpt.model import GPT, attention
 from gpt.precision import cpu_rounds_matmuls, matmul_precision
@@ -271,9 +273,24 @@ def test_a_resume_that_scores_other_windows_says_so(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--eval_batch_size=4"]) == 0
     assert "note:" not in capsys.readouterr().out          # 4 is the run's batch_size: the same windows
+    same = tmp_path / "same"
+    shutil.copytree(out, same)
+    best = checkpoint.load(out / "ckpt_best.pt")
+    model = checkpoint.load_model(best).eval()
+    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", 0).evenly_spaced("val", 2, 8)
+    rescored = sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / 2
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6", "--eval_batch_size=8"]) == 0
-    assert ("note: evaluations now score 2 batches of 8 windows, before 2 of 4: the val losses before "
-            "and after, and the choice of ckpt_best.pt, compare other text") in capsys.readouterr().out
+    assert (f"note: evaluations now score 2 batches of 8 windows, before 2 of 4, so the val losses "
+            f"before and after compare other text; ckpt_best.pt (iteration {best['best_iter']}) scores "
+            f"{rescored:.4f} on them, against {best['best_val_loss']:.4f} before, and later evaluations "
+            "must beat that") in capsys.readouterr().out
+    after = checkpoint.load(out / "ckpt.pt")
+    evals = [r["val_loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval" and r["iter"] > 4]
+    assert after["best_val_loss"] == pytest.approx(min([rescored, *evals]), abs=1e-6)
+    # rescoring changes nothing of the training: its steps are those of a resume that did not
+    assert train.main([f"--out_dir={same}", "--resume", "--max_iters=6"]) == 0
+    theirs = checkpoint.load(same / "ckpt.pt")
+    assert all(torch.equal(after["model"][k], theirs["model"][k]) for k in after["model"])
 
 
 def test_config_json_records_every_code_version_that_trained_the_run(data_dir, tmp_path):
