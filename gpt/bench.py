@@ -47,7 +47,8 @@ GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 
 
 # training-loop settings the bench makes its own; accepted and unused, so that a train.py command
 # line times as it is, but for max_iters, which would look like the number of timed steps
-SET_BY_BENCH = ("eval_iters", "log_interval", "diagnostics", "wandb", "out_dir")
+SET_BY_BENCH = ("eval_iters", "log_interval", "diagnostics", "wandb", "wandb_project", "wandb_run_name",
+                "out_dir", "overwrite")
 
 
 @dataclass
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sections = (GPTConfig, TrainConfig, BenchConfig)
     if "-h" in argv or "--help" in argv:
-        print(help_text("-m gpt.bench", sections, hidden=("max_iters", *SET_BY_BENCH)))
+        print(help_text("-m gpt.bench", sections, hidden=("max_iters", "resume", *SET_BY_BENCH)))
         print(f"The bench times bench_warmup + bench_iters steps in a scratch folder; "
               f"{', '.join(SET_BY_BENCH)} are accepted, and not used.")
         return 0

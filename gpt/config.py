@@ -387,17 +387,18 @@ def available_configs() -> list[str]:
 
 
 def config_path(name: str) -> Path:
-    """A .toml path as given, else a config shipped in configs/, else a path; '.toml' optional."""
-    path = Path(name)
-    if path.suffix == ".toml" and path.is_file():
-        return path
+    """A config shipped in configs/ or a TOML file, '.toml' optional. A name that reads as a path
+    (a .toml suffix, or a start of /, ./, ../ or ~) is looked up as a file first, a bare name
+    in configs/ first."""
     stem = name.removesuffix(".toml")
-    for candidate in (CONFIG_DIR / f"{stem}.toml", Path(f"{stem}.toml")):
+    as_path = name.endswith(".toml") or name.startswith(("/", "./", "../", "~"))
+    places = [Path(f"{stem}.toml").expanduser(), CONFIG_DIR / f"{stem}.toml"]
+    for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate
     close = difflib.get_close_matches(stem, available_configs(), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
-    what = "no such file, nor a shipped config of that name" if path.suffix == ".toml" else "no config named"
+    what = "no such file, nor a shipped config of that name" if as_path else "no config named"
     raise UserError(f"{what} {name!r}; {hint}available: {', '.join(available_configs())}")
 
 

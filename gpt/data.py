@@ -106,13 +106,18 @@ def fetch_text(input_path: Path, download_url: str) -> None:
         print(f"downloading {download_url} -> {input_path}")
         with urllib.request.urlopen(download_url, timeout=30) as response:
             data = response.read()
-        input_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = input_path.with_suffix(f".part{unique()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, input_path)
     except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
         raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                         f"from {download_url} at {input_path} and run again") from None
+    tmp = input_path.with_suffix(f".part{unique()}")
+    try:
+        input_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, input_path)
+    except OSError as e:
+        raise UserError(f"cannot write the downloaded text to {input_path} ({e.strerror or e})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def text_pieces(path: Path) -> Iterator[str]:
@@ -183,17 +188,31 @@ def encode_prompt(tok, prompt: str, default: bool) -> list[int]:
 
 def prepare(text: str, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
     """Tokenize text, split it train/val, and write train.bin, val.bin and meta.json."""
-    return _prepare(lambda: (text[i:i + PIECE] for i in range(0, len(text), PIECE)), "the input text",
-                    out_dir, tokenizer, val_fraction)
+    return _prepare(lambda: in_pieces(text), "the input text", out_dir, tokenizer, val_fraction)
+
+
+def in_pieces(text: str) -> Iterator[str]:
+    return (text[i:i + PIECE] for i in range(0, len(text), PIECE))
 
 
 def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
-    """prepare() for the text of a UTF-8 file, read twice in pieces rather than held whole."""
-    return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction)
+    """prepare() for the text of a UTF-8 file, read twice in pieces rather than held whole; a
+    pipe (--input /dev/stdin), which can be read only once, is held whole."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        text = "".join(text_pieces(path))
+        return _prepare(lambda: in_pieces(text), str(path), out_dir, tokenizer, val_fraction)
+    before = path.stat() if path.is_file() else None
+
+    def unchanged() -> bool:
+        after = path.stat()
+        return (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction, unchanged)
 
 
-def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: float) -> dict:
-    """pieces() gives the text in pieces, once to learn its size and characters, once to encode it."""
+def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: float,
+             unchanged=lambda: True) -> dict:
+    """pieces() gives the text in pieces, once to learn its size and characters, once to encode it;
+    unchanged() says whether the text is still what the first pass read."""
     chars, length = set(), 0
     for piece in pieces():
         chars.update(piece)
@@ -217,7 +236,9 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     tmps = [path.with_name(f"{path.name}.tmp{unique()}") for path in targets]
     try:
         with open(tmps[0], "wb") as train, open(tmps[1], "wb") as val:
-            sizes = _write_ids(pieces(), n, tok, (train, val))
+            sizes, read = _write_ids(pieces(), n, tok, (train, val))
+        if read != length or not unchanged():
+            raise UserError(CHANGED)
         meta = {**tok.meta(), "train_tokens": sizes[0], "val_tokens": sizes[1]}
         tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
@@ -231,13 +252,16 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     return meta
 
 
+CHANGED = "the text changed while it was being prepared; prepare it again"
+
+
 def _encoder(tok):
-    """(encode, cut): encode turns text into uint16 ids; cut(text, since) is how much of text,
-    which has no cut before since, encodes as it would within a longer text."""
+    """(encode, cut): encode turns text into uint16 ids; cut(text) is the end of the longest
+    start of text that encodes as it would within a longer text, 0 if none does."""
     if isinstance(tok, TiktokenTokenizer):
-        def cut(text: str, since: int) -> int:
+        def cut(text: str) -> int:
             last = None
-            for last in _LINE_END.finditer(text, max(since - 1, 0)):
+            for last in _WORD_END.finditer(text):
                 pass
             return last.start() if last else 0
         return lambda text: np.array(tok.encode(text), dtype=np.uint16), cut
@@ -248,29 +272,27 @@ def _encoder(tok):
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         ids = np.minimum(np.searchsorted(points, codes), len(points) - 1)
         if not np.array_equal(points[ids], codes):      # the file changed since it was read
-            raise UserError("the text changed while it was being prepared; prepare it again")
+            raise UserError(CHANGED)
         return ids.astype(np.uint16)
-    return encode, lambda text, since: len(text)
+    return encode, len
 
 
-# GPT-2's pre-tokenizer never puts a non-space character and a newline after it in one piece, and
+# GPT-2's pre-tokenizer never puts a non-space character and a space after it in one piece, and
 # BPE merges only within a piece, so text cut between the two encodes as it would whole. (Not
-# after the newline: a text's trailing newlines pre-tokenize as one piece, inside it one each.)
-_LINE_END = re.compile(r"(?<=\S)\n")
+# after the space: a text's trailing spaces pre-tokenize as one piece, inside it maybe not.)
+_WORD_END = re.compile(r"(?<=\S)(?=\s)")
 
 
-def _write_ids(pieces, n: int, tok, files) -> list[int]:
+def _write_ids(pieces, n: int, tok, files) -> tuple[list[int], int]:
     """Encode the text's first n characters into files[0], the rest into files[1], each half as
-    it would encode whole; returns the two token counts."""
+    it would encode whole; returns the two token counts and the characters read."""
     encode, cut = _encoder(tok)
-    sizes, done, held, split = [0, 0], 0, "", 0
+    sizes, done, held, split = [0, 0], 0, [], 0     # held: text not yet encoded, in parts
 
-    def write(end: int) -> None:
-        nonlocal held
-        ids = encode(held[:end])
+    def write(text: str) -> None:
+        ids = encode(text)
         ids.tofile(files[split])
         sizes[split] += len(ids)
-        held = held[end:]
 
     for piece in pieces:
         at = min(max(n - done, 0), len(piece))     # where val begins in this piece
@@ -279,12 +301,17 @@ def _write_ids(pieces, n: int, tok, files) -> list[int]:
             if not part:
                 continue
             if half != split:       # the train half is complete
-                write(len(held))
-                split = half
-            since, held = len(held), held + part
-            write(cut(held, since))
-    write(len(held))
-    return sizes
+                write("".join(held))
+                held, split = [], half
+            before = held[-1][-1:] if held else ""     # a cut may fall just before part
+            end = cut(before + part) - len(before)
+            if end < 0:
+                held.append(part)
+            else:
+                write("".join(held) + part[:end])
+                held = [part[end:]]
+    write("".join(held))
+    return sizes, done
 
 
 DATASETS = {  # name -> (tokenizer, public source of its input.txt)

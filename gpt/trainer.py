@@ -563,7 +563,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     holds.enter_context(matmul_precision(cfg.matmul_precision, device_type))     # as it was after
 
     # one process per machine prepares: another machine may not share this one's disk
-    node_master = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    node_master = world == 1 or int(os.environ.get("LOCAL_RANK", 0)) == 0
     folder = ensure_prepared(cfg.data_dir, cfg.dataset) if node_master else Path(cfg.data_dir) / cfg.dataset
     if world > 1:
         torch.distributed.barrier()

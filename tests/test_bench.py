@@ -38,7 +38,7 @@ def test_bench_rejects_bad_arguments(capsys):
     assert bench.main(["--help"]) == 0      # what it sets itself is not offered as an option
     shown = capsys.readouterr().out
     assert "--bench_iters=" in shown and "--n_layer=" in shown
-    assert not any(f"--{name}=" in shown for name in ("max_iters", *bench.SET_BY_BENCH))
+    assert not any(f"--{name}=" in shown for name in ("max_iters", "resume", *bench.SET_BY_BENCH))
     assert f"{', '.join(bench.SET_BY_BENCH)} are accepted, and not used." in shown
     assert bench.main(["--out_dir=out/some_run", "--resume"]) == 2     # would time the default model
     assert capsys.readouterr().err == ("error: --resume: the bench times a fresh model of the settings "

@@ -270,8 +270,12 @@ def test_a_config_file_path_may_leave_out_its_suffix(tmp_path: Path, monkeypatch
     monkeypatch.chdir(tmp_path)
     for name in ("./mine", "mine", str(tmp_path / "mine")):
         assert parse_argv(["--config", name]).values["n_layer"] == 3
-    (tmp_path / "shakespeare_char.toml").write_text("n_layer = 3\n")     # the shipped one comes first
-    assert parse_argv(["--config", "shakespeare_char"]).values["n_layer"] == 6
+    (tmp_path / "shakespeare_char.toml").write_text("n_layer = 3\n")
+    for name, n_layer in (("shakespeare_char", 6), ("./shakespeare_char", 3), ("shakespeare_char.toml", 3),
+                          (str(tmp_path / "shakespeare_char"), 3)):    # a bare name is a shipped config
+        assert parse_argv(["--config", name]).values["n_layer"] == n_layer, name
+    with pytest.raises(UserError, match=r"^no such file, nor a shipped config of that name './nothere'; "):
+        parse_argv(["--config", "./nothere"])
 
 
 def test_a_config_file_path_works(tmp_path: Path):

@@ -311,21 +311,67 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
-def test_a_file_that_changes_while_it_is_prepared_is_not_encoded_with_the_wrong_vocabulary(tmp_path, monkeypatch):
+@pytest.mark.parametrize("tokenizer, new_text", [
+    ("char", "abcz\n" * 100),         # a character the first pass did not see
+    ("char", "abc\n" * 30),           # shorter: the split would be wrong
+    ("char", "cba\n" * 100),          # the same size and characters
+    ("tiktoken", "abc\n" * 30),
+])
+def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text, tmp_path, monkeypatch):
     from gpt import data
+    if tokenizer == "tiktoken":
+        tiktoken = pytest.importorskip("tiktoken")
+        try:
+            tiktoken.get_encoding("gpt2")
+        except Exception:
+            pytest.skip("GPT-2 BPE files are not available offline")
     src = tmp_path / "a.txt"
     src.write_text("abc\n" * 100)
+    os.utime(src, ns=(0, 0))
     read, passes = data.text_pieces, []
 
     def pieces(path):
         passes.append(path)
         if len(passes) == 2:        # between learning the characters and encoding them
-            path.write_text("abcz\n" * 100)
+            path.write_text(new_text)
         yield from read(path)
     monkeypatch.setattr(data, "text_pieces", pieces)
     with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
-        data.prepare_file(src, tmp_path / "out")
+        data.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_pipe_is_read_once(tmp_path):
+    """--input /dev/stdin or <(command): a second read would find nothing."""
+    import threading
+    from gpt.data import prepare_file
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    text = make_text(300)
+    writer = threading.Thread(target=fifo.write_text, args=(text,))
+    writer.start()
+    meta = prepare_file(fifo, tmp_path / "out")
+    writer.join()
+    ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
+    assert CharTokenizer(meta["chars"]).decode(ids.tolist()) == text
+    assert meta["val_tokens"] == len(text) - int(len(text) * 0.9)
+
+
+def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_path, monkeypatch):
+    import io
+    import urllib.request
+    from gpt import data
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"First Citizen:\n"))
+    real_replace = os.replace
+
+    def full(src, dst):
+        if str(src).endswith(tuple("0123456789abcdef")) and ".part" in str(src):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*input.txt \(No space left on device\)$"):
+        data.fetch_text(tmp_path / "input.txt", "https://example.org/input.txt")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 import train
-from conftest import ROOT, tiny_args
+from conftest import ROOT, make_text, tiny_args
 
 
 def losses(out_dir):
@@ -79,3 +79,14 @@ def test_each_machine_prepares_the_shipped_dataset_on_its_own_disk(tmp_path):
     for node in nodes:
         assert (node / "data" / "shakespeare_char" / "meta.json").exists()
     assert (nodes[0] / "run" / "ckpt.pt").exists() and not (nodes[1] / "run").exists()
+
+
+def test_a_single_process_prepares_whatever_local_rank_its_environment_holds(tmp_path, monkeypatch):
+    """LOCAL_RANK left over from a launcher or a job script: without RANK and WORLD_SIZE the run
+    is one process, and it prepares its data."""
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "input.txt").write_text(make_text(2000))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert train.main(tiny_args(tmp_path / "data", tmp_path / "run", "--dataset=shakespeare_char",
+                                "--max_iters=2", "--eval_interval=2")) == 0
+    assert (tmp_path / "data" / "shakespeare_char" / "meta.json").exists()
