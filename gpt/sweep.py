@@ -80,8 +80,8 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     args.setdefault("threads", threads)
     if (run.folder / "ckpt.pt").exists():
         args["resume"] = True
-    else:       # a run that never saved ckpt.pt starts again, whatever else it left
-        args["overwrite"] = True
+    elif not (run.folder / "ckpt_best.pt").exists():    # that one the run refuses to replace
+        args["overwrite"] = True    # a run that never saved a checkpoint starts again, whatever it left
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 

@@ -488,8 +488,13 @@ def codes_in(record) -> list[str]:
     return [c for c in codes if isinstance(c, str)] if isinstance(codes, list) else []
 
 
+def in_a_sweep() -> bool:
+    """Whether a sweep started this run (a run of one's own may sit in a sweep's folder)."""
+    return SWEEP_PID in os.environ
+
+
 def how_to_continue(out_dir: Path) -> str:
-    if checkpoint.is_sweep(out_dir.parent):     # a run of a sweep
+    if in_a_sweep():
         return "the sweep's command, run again, continues it"
     return f"continue with --out_dir={shlex.quote(str(out_dir))} --resume"
 
@@ -578,6 +583,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         holds.enter_context(checkpoint.hold_folder(out_dir))
         held = checkpoint.saved_in(out_dir)
         if held and not cfg.resume and not cfg.overwrite:
+            if in_a_sweep():    # only ckpt_best.pt: the sweep would resume from ckpt.pt
+                raise UserError(f"{out_dir} holds ckpt_best.pt but no ckpt.pt; copy it to ckpt.pt to "
+                                "continue the run from there, or delete the folder to train it afresh, "
+                                "then run the sweep's command again")
             go_on = (f"continue it with --out_dir={shlex.quote(str(out_dir))} --resume" if "ckpt.pt" in held
                      else "continue it by copying it to ckpt.pt and passing --resume")
             raise UserError(f"{out_dir} holds an earlier run's {' and '.join(held)}; {go_on}, replace it "

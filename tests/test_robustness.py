@@ -1128,3 +1128,33 @@ def test_every_json_we_write_is_strict():
     data = {"mfu": float("nan"), "rows": [{"grad_norm": float("inf")}, (1.0, float("-inf"))], "ok": 2.5}
     assert json.loads(to_json(data), parse_constant=refuse) == {
         "mfu": "nan", "rows": [{"grad_norm": "inf"}, [1.0, "-inf"]], "ok": 2.5}
+
+
+def test_a_sweep_never_replaces_a_runs_only_checkpoint(data_dir, tmp_path, capsys):
+    """A run folder with ckpt_best.pt alone (its ckpt.pt deleted as unreadable): the sweep's run
+    says what to do, rather than starting afresh over the one good checkpoint."""
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "n_layer=1")
+    assert train.main(argv) == 0
+    run = out / "n_layer=1__seed=1337"
+    (run / "ckpt.pt").unlink()
+    (run / "result.json").unlink()
+    best = (run / "ckpt_best.pt").read_bytes()
+    assert train.main(argv) == 1
+    assert "1 of 1 runs failed" in "".join(capsys.readouterr())
+    assert (run / "ckpt_best.pt").read_bytes() == best
+    assert (f"error: {run} holds ckpt_best.pt but no ckpt.pt; copy it to ckpt.pt to continue the run "
+            "from there, or delete the folder to train it afresh, then run the sweep's command again"
+            ) in (run / "log.txt").read_text()
+    shutil.copy(run / "ckpt_best.pt", run / "ckpt.pt")
+    assert train.main(argv) == 0
+
+
+def test_a_run_of_ones_own_in_a_sweeps_folder_is_not_told_the_sweep_continues_it(data_dir, tmp_path, monkeypatch):
+    from gpt.trainer import SWEEP_PID, how_to_continue
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "n_layer=1")) == 0
+    monkeypatch.delenv(SWEEP_PID, raising=False)
+    assert how_to_continue(out / "mine") == f"continue with --out_dir={out / 'mine'} --resume"
+    monkeypatch.setenv(SWEEP_PID, "1")      # as for the runs the sweep starts
+    assert how_to_continue(out / "mine") == "the sweep's command, run again, continues it"
