@@ -506,18 +506,6 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     assert train.main([*argv, "--learning_rate=2e-3"]) == 0
 
 
-def test_a_failed_run_that_left_only_its_best_checkpoint_starts_again(data_dir, tmp_path, capsys):
-    out = tmp_path / "sw"
-    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
-    assert train.main(argv) == 0
-    run = out / "residual=true__seed=1337"
-    (run / "ckpt.pt").unlink()                              # crashed between its two saves
-    (run / "result.json").write_text(json.dumps({"status": "failed", "returncode": 1, "wall_s": 1.0}))
-    assert train.main(argv) == 0
-    assert "starting afresh" in (run / "log.txt").read_text()
-    assert json.loads((run / "result.json").read_text())["status"] == "finished"
-
-
 def test_a_sweep_resumes_a_stopped_run_it_started(data_dir, tmp_path, monkeypatch):
     import os
     import signal
