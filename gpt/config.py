@@ -392,7 +392,11 @@ def config_path(name: str) -> Path:
     in configs/ first."""
     stem = name.removesuffix(".toml")
     as_path = name.endswith(".toml") or name.startswith(("/", "./", "../", "~"))
-    places = [Path(f"{stem}.toml").expanduser(), CONFIG_DIR / f"{stem}.toml"]
+    try:
+        given = Path(f"{stem}.toml").expanduser()
+    except RuntimeError:        # ~user of no such user
+        given = Path(f"{stem}.toml")
+    places = [given, CONFIG_DIR / f"{stem}.toml"]
     for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate

@@ -8,6 +8,7 @@ or {"tokenizer": "tiktoken", "vocab_size": N, "encoding": "gpt2"}, in UTF-8. No 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import http.client
 import json
 import os
@@ -117,7 +118,8 @@ def fetch_text(input_path: Path, download_url: str) -> None:
     except OSError as e:
         raise UserError(f"cannot write the downloaded text to {input_path} ({e.strerror or e})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):     # its folder may be a file
+            tmp.unlink(missing_ok=True)
 
 
 def text_pieces(path: Path) -> Iterator[str]:
@@ -204,7 +206,10 @@ def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fractio
     before = path.stat() if path.is_file() else None
 
     def unchanged() -> bool:
-        after = path.stat()
+        try:
+            after = path.stat()
+        except OSError:         # deleted meanwhile
+            return False
         return (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction, unchanged)
 

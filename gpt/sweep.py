@@ -197,11 +197,16 @@ def run(args, argv: list[str]) -> int:
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
     if "batch_size" in axes and "eval_batch_size" not in {*values, *axes}:
         # else each batch size would be scored on its own windows, and the evaluation would differ
-        # with the axis: 0.04 in val loss for one model, more than the seed spread of a study
-        values["eval_batch_size"] = axes["batch_size"][0]
-        print(f"batch_size is an axis: every run is evaluated as the baseline is, on eval_iters "
-              f"batches of {values['eval_batch_size']} windows (--eval_batch_size=0 gives each run "
-              "its own batch_size)")
+        # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
+        # sweep's first choice stays, so that the axis may gain a value in front
+        old_axis = (record or {}).get("axes", {}).get("batch_size")
+        pinned = ((record or {}).get("eval_batch_size",  # recorded since the pin was; then the axis
+                                     old_axis[0] if isinstance(old_axis, list) and old_axis else None))
+        values["eval_batch_size"] = pinned if isinstance(pinned, int) else axes["batch_size"][0]
+        if values["eval_batch_size"]:
+            print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
+                  f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
+                  "batch_size)")
     runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
     run_cfgs = _check_grid(values, runs)
     ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
@@ -227,7 +232,8 @@ def run(args, argv: list[str]) -> int:
     with checkpoint.hold_folder(out_dir):
         write_json(out_dir / "sweep.json",
                    {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
-                    "command": " ".join(["python", "train.py", *argv])})
+                    "command": " ".join(["python", "train.py", *argv]),
+                    **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {})})
         return _run_grid(values, sweep_cfg.jobs, runs, run_cfgs, ended, out_dir)
 
 

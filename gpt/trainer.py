@@ -463,6 +463,35 @@ def mean_losses(model: GPT, batches: Batches, splits, n_batches: int, batch_size
         model.train()
 
 
+def rescore(model: GPT, batches: Batches, out_dir: Path, start_iter: int, best_iter: int | None,
+            windows_before: int, n_batches: int, batch_size: int, autocast) -> tuple[float, int]:
+    """On resuming with other evaluation windows: (best val loss, its iteration) on the new ones,
+    from the state resumed (ckpt.pt) and ckpt_best.pt, so that the best checkpoint is chosen on
+    one text; ckpt_best.pt becomes a copy of ckpt.pt if that scores better."""
+    def val_loss(m: GPT) -> float:
+        return mean_losses(m, batches, ("val",), n_batches, batch_size, autocast)["val_loss"]
+    scores = {start_iter: val_loss(model)}
+    best_path = out_dir / "ckpt_best.pt"
+    if best_iter != start_iter and best_path.exists():  # there is none when iteration 0 was best
+        other = copy.deepcopy(model)    # not a new model: building one draws random numbers
+        try:    # mapped: its weights alone reach the device, not its optimizer state
+            saved = checkpoint.load(best_path, mmap=True, needs=(*checkpoint.MODEL_KEYS, "iter"))
+            checkpoint.load_weights(other, saved)
+            scores[saved["iter"]] = val_loss(other)
+        except UserError:
+            pass    # a damaged copy, or another model's: ckpt.pt's state replaces it
+        del other
+    best = min(scores, key=scores.get)
+    if best == start_iter and start_iter != best_iter:
+        checkpoint.save_copy(out_dir / "ckpt.pt", best_path)
+    said = ", ".join(f"iteration {it} {loss:.4f}" for it, loss in sorted(scores.items()))
+    print(f"note: evaluations now score {n_batches * batch_size} windows, before {windows_before}, "
+          f"so the val losses before and after compare other text; on the new ones {said}: "
+          f"ckpt_best.pt holds iteration {best}, and later evaluations must beat {scores[best]:.4f}",
+          flush=True)
+    return scores[best], best
+
+
 def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     """The train.py options that give these configs: each value away from its default (the
     vocabulary size comes from the dataset)."""
@@ -634,21 +663,12 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             raise UserError(f"the checkpoint is already at iteration {start_iter}; raise --max_iters "
                             "to train further")
         then = ckpt["train_config"]     # as saved: a setting newer than the run at its default
-        scored = (then.get("eval_iters", TrainConfig.eval_iters),
-                  then.get("eval_batch_size") or then.get("batch_size", TrainConfig.batch_size))
-        if master and scored != (cfg.eval_iters, eval_batch):
-            note = (f"note: evaluations now score {cfg.eval_iters} batches of {eval_batch} windows, "
-                    f"before {scored[0]} of {scored[1]}, so the val losses before and after compare "
-                    "other text")
-            if best_iter is not None:   # a copy, not a new model: building one would draw random numbers
-                best_model = copy.deepcopy(model)
-                checkpoint.load_weights(best_model, checkpoint.load(out_dir / "ckpt_best.pt", map_location=device))
-                rescored = mean_losses(best_model, batches, ("val",), cfg.eval_iters, eval_batch, autocast)
-                del best_model
-                note += (f"; ckpt_best.pt (iteration {best_iter}) scores {rescored['val_loss']:.4f} on "
-                         f"them, against {best_val:.4f} before, and later evaluations must beat that")
-                best_val = rescored["val_loss"]
-            print(note, flush=True)
+        # the windows depend on their number alone (Batches.evenly_spaced)
+        windows = then.get("eval_iters", TrainConfig.eval_iters) * (
+            then.get("eval_batch_size") or then.get("batch_size", TrainConfig.batch_size))
+        if master and windows != cfg.eval_iters * eval_batch:
+            best_val, best_iter = rescore(model, batches, out_dir, start_iter, best_iter, windows,
+                                          cfg.eval_iters, eval_batch, autocast)
         if master:
             print(f"resuming {out_dir / 'ckpt.pt'} at iteration {start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in

@@ -274,8 +274,9 @@ def test_a_config_file_path_may_leave_out_its_suffix(tmp_path: Path, monkeypatch
     for name, n_layer in (("shakespeare_char", 6), ("./shakespeare_char", 3), ("shakespeare_char.toml", 3),
                           (str(tmp_path / "shakespeare_char"), 3)):    # a bare name is a shipped config
         assert parse_argv(["--config", name]).values["n_layer"] == n_layer, name
-    with pytest.raises(UserError, match=r"^no such file, nor a shipped config of that name './nothere'; "):
-        parse_argv(["--config", "./nothere"])
+    for missing in ("./nothere", "~nosuchuser/x"):
+        with pytest.raises(UserError, match=rf"^no such file, nor a shipped config of that name '{missing}'; "):
+            parse_argv(["--config", missing])
 
 
 def test_a_config_file_path_works(tmp_path: Path):

@@ -316,6 +316,7 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
     ("char", "abc\n" * 30),           # shorter: the split would be wrong
     ("char", "cba\n" * 100),          # the same size and characters
     ("tiktoken", "abc\n" * 30),
+    ("char", None),                   # deleted
 ])
 def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text, tmp_path, monkeypatch):
     from gpt import data
@@ -333,8 +334,11 @@ def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text
     def pieces(path):
         passes.append(path)
         if len(passes) == 2:        # between learning the characters and encoding them
-            path.write_text(new_text)
+            if new_text is not None:
+                path.write_text(new_text)
         yield from read(path)
+        if new_text is None and len(passes) == 2:
+            path.unlink()
     monkeypatch.setattr(data, "text_pieces", pieces)
     with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
         data.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
@@ -372,6 +376,9 @@ def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_p
     with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*input.txt \(No space left on device\)$"):
         data.fetch_text(tmp_path / "input.txt", "https://example.org/input.txt")
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_text("")          # a folder that is a file
+    with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*file/input.txt \("):
+        data.fetch_text(tmp_path / "file" / "input.txt", "https://example.org/input.txt")
 
 
 def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
                                 "--sweep", "batch_size=4,2")) == 0
-    assert ("every run is evaluated as the baseline is, on eval_iters batches of 4 windows "
+    assert ("every run is evaluated alike, on eval_iters batches of 4 windows "
             "(--eval_batch_size=0 gives each run its own batch_size)") in capsys.readouterr().out
     firsts = []
     for b in (4, 2):
@@ -113,11 +113,17 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
         assert json.loads((folder / "config.json").read_text())["train"]["eval_batch_size"] == 4
         firsts.append([e for e in map(json.loads, open(folder / "metrics.jsonl")) if e["kind"] == "eval"][0])
     assert firsts[0]["val_loss"] == firsts[1]["val_loss"]      # same initial weights, same text
+    # a value added in front later: the sweep keeps its windows, and its runs
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
+                                "--sweep", "batch_size=1,4,2")) == 0
+    assert "sweep: 3 runs (2 already finished)" in capsys.readouterr().out
+    assert json.loads((out / "batch_size=1__seed=1337" / "config.json").read_text())["train"]["eval_batch_size"] == 4
+    assert json.loads((out / "sweep.json").read_text())["eval_batch_size"] == 4
     # given by the user, it is kept
     capsys.readouterr()
     assert train.main(tiny_args(data_dir, tmp_path / "sw2", "--max_iters=2", "--eval_interval=2",
                                 "--eval_batch_size=3", "--sweep", "batch_size=4,2")) == 0
-    assert "evaluated as the baseline is" not in capsys.readouterr().out
+    assert "every run is evaluated alike" not in capsys.readouterr().out
     config = json.loads((tmp_path / "sw2" / "batch_size=2__seed=1337" / "config.json").read_text())
     assert config["train"]["eval_batch_size"] == 3
 
@@ -161,6 +167,9 @@ def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(da
     # as sweeps did before eval_batch_size: each run scored on batches of its own size
     assert train.main(tiny_args(data_dir, out, *short, "--eval_batch_size=0", "--sweep", "batch_size=4,2")) == 0
     capsys.readouterr()
+    record = json.loads((out / "sweep.json").read_text())
+    assert record.pop("eval_batch_size") == 0       # remembered: the same command without it goes on
+    (out / "sweep.json").write_text(json.dumps(record))     # as such a sweep recorded it, without
     assert train.main(tiny_args(data_dir, out, *short, "--seeds=2", "--sweep", "batch_size=4,2")) == 2
     err = capsys.readouterr().err      # the baseline's windows are the pinned ones; the other run's are not
     assert "batch_size=2__seed=1337: eval_batch_size=2 in the run, 4 now" in err
@@ -170,7 +179,7 @@ def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(da
     # an eval_batch_size axis is the user's own choice: nothing is pinned
     assert train.main(tiny_args(data_dir, tmp_path / "sw2", *short, "--sweep", "batch_size=4,2",
                                 "--sweep", "eval_batch_size=1,3")) == 0
-    assert "evaluated as the baseline is" not in capsys.readouterr().out
+    assert "every run is evaluated alike" not in capsys.readouterr().out
     config = json.loads((tmp_path / "sw2" / "batch_size=4__eval_batch_size=3__seed=1337" / "config.json").read_text())
     assert config["train"]["eval_batch_size"] == 3
 

@@ -268,29 +268,64 @@ def test_runs_of_different_batch_size_are_scored_on_the_same_windows_given_eval_
     assert first_val("b2_own", "--batch_size=2") != four      # by default, its own batch size
 
 
-def test_a_resume_that_scores_other_windows_says_so(data_dir, tmp_path, capsys):
+def val_on(path, data_dir, n_batches, batch_size):
+    """The val loss of the checkpoint at path over n_batches * batch_size evenly spaced windows."""
+    model = checkpoint.load_model(checkpoint.load(path)).eval()
+    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", 0).evenly_spaced("val", n_batches, batch_size)
+    with torch.no_grad():
+        return sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / n_batches
+
+
+def test_a_resume_that_scores_other_windows_scores_both_checkpoints_again(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
-    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--eval_batch_size=4"]) == 0
-    assert "note:" not in capsys.readouterr().out          # 4 is the run's batch_size: the same windows
+    # the state at iteration 4 made worse than that at 2, which stays ckpt_best.pt
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--learning_rate=30",
+                       "--warmup_iters=0"]) == 0
+    assert checkpoint.load(out / "ckpt_best.pt")["iter"] == 2
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=1",
+                       "--eval_batch_size=8"]) == 0
+    assert "note:" not in capsys.readouterr().out      # 1 batch of 8 windows or 2 of 4: the same text
     same = tmp_path / "same"
     shutil.copytree(out, same)
-    best = checkpoint.load(out / "ckpt_best.pt")
-    model = checkpoint.load_model(best).eval()
-    xs, ys = Batches(data_dir / "tiny", 16, 4, "cpu", 0).evenly_spaced("val", 2, 8)
-    rescored = sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / 2
-    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6", "--eval_batch_size=8"]) == 0
-    assert (f"note: evaluations now score 2 batches of 8 windows, before 2 of 4, so the val losses "
-            f"before and after compare other text; ckpt_best.pt (iteration {best['best_iter']}) scores "
-            f"{rescored:.4f} on them, against {best['best_val_loss']:.4f} before, and later evaluations "
-            "must beat that") in capsys.readouterr().out
+    best, last = val_on(out / "ckpt_best.pt", data_dir, 2, 8), val_on(out / "ckpt.pt", data_dir, 2, 8)
+    assert best < last
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=7", "--eval_iters=2"]) == 0
+    assert (f"note: evaluations now score 16 windows, before 8, so the val losses before and after "
+            f"compare other text; on the new ones iteration 2 {best:.4f}, iteration 5 {last:.4f}: "
+            f"ckpt_best.pt holds iteration 2, and later evaluations must beat {best:.4f}"
+            ) in capsys.readouterr().out
     after = checkpoint.load(out / "ckpt.pt")
-    evals = [r["val_loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval" and r["iter"] > 4]
-    assert after["best_val_loss"] == pytest.approx(min([rescored, *evals]), abs=1e-6)
+    evals = [r["val_loss"] for r in read_jsonl(out / "metrics.jsonl") if r["kind"] == "eval" and r["iter"] > 5]
+    assert after["best_val_loss"] == pytest.approx(min([best, *evals]), abs=1e-6)
     # rescoring changes nothing of the training: its steps are those of a resume that did not
-    assert train.main([f"--out_dir={same}", "--resume", "--max_iters=6"]) == 0
+    assert train.main([f"--out_dir={same}", "--resume", "--max_iters=7", "--eval_iters=1"]) == 0
     theirs = checkpoint.load(same / "ckpt.pt")
     assert all(torch.equal(after["model"][k], theirs["model"][k]) for k in after["model"])
+
+
+def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scores_better(data_dir, tmp_path, capsys):
+    out, bad = tmp_path / "run", tmp_path / "bad"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    assert train.main(tiny_args(data_dir, bad, "--max_iters=2", "--eval_interval=2", "--learning_rate=30",
+                                "--warmup_iters=0")) == 0
+    shutil.copy(bad / "ckpt.pt", out / "ckpt_best.pt")      # worse than iteration 4 on any text
+    resumed = torch.load(out / "ckpt.pt", weights_only=False)
+    resumed["best_iter"] = 2
+    torch.save(resumed, out / "ckpt.pt")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_batch_size=8"]) == 0
+    assert "ckpt_best.pt holds iteration 4, and later evaluations must beat" in capsys.readouterr().out
+    assert checkpoint.load(out / "ckpt_best.pt")["iter"] in (4, 5)
+
+
+def test_a_resume_that_scores_other_windows_when_no_ckpt_best_was_saved(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"      # diverging: iteration 0 is the best, and it is never saved
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=30",
+                                "--warmup_iters=0")) == 0
+    assert checkpoint.load(out / "ckpt.pt")["best_iter"] == 0 and not (out / "ckpt_best.pt").exists()
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=3"]) == 0
+    assert "on the new ones iteration 4 " in capsys.readouterr().out
+    assert (out / "ckpt_best.pt").exists()
 
 
 def test_config_json_records_every_code_version_that_trained_the_run(data_dir, tmp_path):
