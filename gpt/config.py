@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import os
 import re
 import tomllib
 import types
@@ -44,11 +45,18 @@ def _positive(obj, *names: str) -> None:
             raise UserError(f"{name}={value} must be positive")
 
 
+NAME_MAX = 255      # bytes in one file or folder name, on Linux, macOS and Windows alike
+
+
 def _named(obj, *names: str) -> None:
     """Folders given empty would mean the current one (an unset shell variable, --out_dir=$OUT)."""
     for name in names:
         if not getattr(obj, name).strip():
             raise UserError(f"{name} is empty; give a folder name")
+        longest = max(Path(getattr(obj, name)).parts, key=lambda part: len(os.fsencode(part)))
+        if len(os.fsencode(longest)) > NAME_MAX:
+            raise UserError(f"{name} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...), "
+                            f"more than the {NAME_MAX} a file system allows; give a shorter one")
 
 
 def _check_seed(seed: int) -> None:

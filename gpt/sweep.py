@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import checkpoint
-from .config import REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown
+from .config import NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown
 from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
@@ -92,6 +92,11 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
         if values.get(name):
             raise UserError(f"--{name}: a sweep resumes its stopped runs and restarts its failed ones "
                             f"by itself; run the same command again without --{name}")
+    longest = max((r.folder.name for r in runs), key=lambda name: len(os.fsencode(name)))
+    if len(os.fsencode(longest)) > NAME_MAX:    # the run folders are named by their settings
+        raise UserError(f"a run's folder would be named {longest[:60]}..., {len(os.fsencode(longest))} "
+                        f"bytes, more than the {NAME_MAX} a file system allows; sweep fewer axes at "
+                        "once, and set the others with --name=value")
     # values that differ only in path spelling (./data, .//data) or in case (one folder on macOS)
     seen = {}
     for r in runs:

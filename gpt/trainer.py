@@ -233,9 +233,11 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write {path} ({e.strerror or e}); it is unchanged") from None
         raise
 
 
@@ -266,8 +268,11 @@ def read_jsonl(path: Path) -> list[dict]:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(row, dict) and "kind" in row and "iter" in row:
-            rows.append({key: _numbers(value) for key, value in row.items()})
+        # a line edited by hand into another shape is skipped like a cut one
+        if isinstance(row, dict) and isinstance(row.get("kind"), str) and type(row.get("iter")) is int:
+            row = {key: _numbers(value) for key, value in row.items()}
+            if row["kind"] != "eval" or type(row.get("val_loss")) in (int, float):
+                rows.append(row)
     return rows
 
 
@@ -296,15 +301,15 @@ class Metrics:
             return row["kind"] == "train" or row.get("event") == "nonfinite"
         keep = [row for row in read_jsonl(self.path)
                 if row["iter"] <= (last_iter - 1 if per_step(row) else last_iter)]
-        try:
-            write_atomic(self.path, "".join(json_line(row) for row in keep))
-        except OSError as e:
-            raise UserError(f"cannot rewrite {self.path} to resume ({e.strerror or e}); "
-                            "it is unchanged") from None
+        write_atomic(self.path, "".join(json_line(row) for row in keep))
 
     def log(self, row: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json_line(row))
+        try:
+            with open(self.path, "a") as f:
+                f.write(json_line(row))
+        except OSError as e:    # a full disk: the checkpoints already saved are whole
+            raise UserError(f"cannot write {self.path} ({e.strerror or e}); the run stopped, and "
+                            "the checkpoints already saved are whole") from None
         if self.wandb is not None:
             try:
                 self.wandb.log(flatten(row), step=row["iter"])
@@ -677,7 +682,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                                            "metrics.jsonl.tmp", "dashboard.png", "attention.png")]
         old = [p for p in old if p.exists()]
         for path in old:
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError as e:    # a folder of that name, or no permission
+                raise UserError(f"{path} cannot be replaced ({e.strerror}); remove it, or choose "
+                                "another --out_dir") from None
         if any(p.name.startswith("ckpt") for p in old):
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
@@ -690,9 +699,12 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if cfg.resume:
             metrics.trim(start_iter)
         write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
-        with open(out_dir / "command.txt", "a") as f:
-            given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
-            f.write(shlex.join([*launcher(world), "train.py", *given]) + "\n")
+        given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
+        try:
+            with open(out_dir / "command.txt", "a") as f:
+                f.write(shlex.join([*launcher(world), "train.py", *given]) + "\n")
+        except OSError as e:
+            raise UserError(f"cannot write {out_dir / 'command.txt'} ({e.strerror or e})") from None
 
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms

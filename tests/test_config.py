@@ -75,6 +75,8 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (TrainConfig, {"out_dir": ""}, r"^out_dir is empty; give a folder name$"),
     (TrainConfig, {"dataset": " "}, r"^dataset is empty; give a folder name$"),
     (TrainConfig, {"data_dir": ""}, r"^data_dir is empty; give a folder name$"),
+    (TrainConfig, {"out_dir": "runs/" + "é" * 128}, r"^out_dir has a name of 256 bytes \(é+\.\.\.\), more than "
+                                                    r"the 255 a file system allows; give a shorter one$"),
     (SampleConfig, {"out_dir": ""}, r"^out_dir is empty; give a folder name$"),
     (TrainConfig, {"learning_rate": math.inf}, r"^learning_rate=inf is not a finite number$"),
     (SampleConfig, {"top_p": math.nan}, r"^top_p=nan is not a finite number$"),

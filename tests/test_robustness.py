@@ -1101,8 +1101,41 @@ def test_a_resume_that_cannot_rewrite_its_log_keeps_it_whole(data_dir, tmp_path,
     capsys.readouterr()
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: cannot rewrite") and "it is unchanged" in err and err.count("\n") == 1
+    assert err.startswith("error: cannot write") and "it is unchanged" in err and err.count("\n") == 1
     assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "command.txt", "config.json"])
+def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(name, data_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    (out / name).mkdir(parents=True)        # a folder of the file's name: it cannot be replaced
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    err = capsys.readouterr().err
+    said = (f"error: cannot write {out / name} (Is a directory)" if name == "config.json" else
+            f"error: {out / name} cannot be replaced (Is a directory); remove it, or choose another --out_dir")
+    assert err.startswith(said) and err.count("\n") == 1
+    if name != "metrics.jsonl":
+        return
+    (out / name).rmdir()
+    real_open = open
+
+    def full(path, *args, **kwargs):        # a disk that fills once the run has started
+        if Path(path).name == name and Path(path).exists():
+            raise OSError(28, "No space left on device")
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr("builtins.open", full)
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (f"error: cannot write {out / name} (No space left on device); the "
+                                       "run stopped, and the checkpoints already saved are whole\n")
+
+
+def test_lines_of_another_shape_in_metrics_jsonl_are_skipped(tmp_path):
+    from gpt.trainer import read_jsonl
+    good = [{"kind": "train", "iter": 1, "loss": 2.5}, {"kind": "eval", "iter": 2, "train_loss": 2.0, "val_loss": 2.1}]
+    odd = [{"kind": "eval", "iter": "x"}, {"kind": "train", "iter": None}, {"kind": "eval", "iter": 3},
+           {"kind": "eval", "iter": 4, "train_loss": 2.0, "val_loss": None}, {"kind": 1, "iter": 5}, [1, 2]]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(row) + "\n" for row in [*odd, *good]))
+    assert read_jsonl(tmp_path / "m.jsonl") == good
 
 
 def test_metrics_lines_are_strict_json_and_read_back_as_numbers(tmp_path):

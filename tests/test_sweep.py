@@ -10,7 +10,7 @@ import pytest
 import train
 from conftest import tiny_args
 from gpt import sweep
-from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
+from gpt.config import REPO_ROOT, GPTConfig, TrainConfig, UserError, parse_argv
 from gpt.trainer import DIVERGED_EXIT
 
 
@@ -597,3 +597,15 @@ def test_a_damaged_sweep_description_gets_one_line(record, tmp_path, capsys):
     assert sweep.main(["report", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path / 'sweep.json'} is not a sweep description; "
                                        "run the sweep again to rewrite it\n")
+
+
+def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_anything_is_written(data_dir, tmp_path):
+    out = tmp_path / "sw"
+    with pytest.raises(UserError, match=r"^a run's folder would be named learning_rate=0.001__.*, 2\d\d bytes, more "
+                                        r"than the 255 a file system allows; sweep fewer axes"):
+        sweep.run(parse_argv(tiny_args(data_dir, out, *(f"--sweep={name}={value}" for name, value in (
+            ("learning_rate", "0.001"), ("weight_decay", "0.01"), ("beta2", "0.95"), ("warmup_iters", "10"),
+            ("grad_clip", "0.5"), ("norm_placement", "sandwich"), ("pos_encoding", "sinusoidal"),
+            ("activation", "gelu_tanh"), ("scale_embeddings", "true"), ("tie_weights", "false"),
+            ("qk_norm", "true"), ("norm_type", "rmsnorm"), ("lr_schedule", "constant"))))), [])
+    assert not out.exists()
