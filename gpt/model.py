@@ -505,7 +505,8 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
-        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p   # keeps at least the first
+        drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
+        drop[:, 0] = False      # the likeliest token, also for a top_p that rounds to 0 in float32
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)

@@ -90,6 +90,21 @@ def out_of_memory_in_one_line():
         raise UserError(out_of_memory_message(text)) from None
 
 
+@contextlib.contextmanager
+def compile_failure_in_one_line(compiling: bool):
+    """torch.compile's own failures (no C++ compiler, an unsupported op) become a UserError: they
+    surface in the first step, as pages of compiler output."""
+    try:
+        yield
+    except Exception as e:
+        if not compiling or not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            raise
+        text = str(e).strip()
+        first = text.splitlines()[0][:200] if text else type(e).__name__
+        raise UserError(f"torch.compile failed ({first}); run without --compile, or fix what it "
+                        "names") from None
+
+
 def out_of_memory_message(text: str) -> str:
     found = re.search(r"allocate (\d+(?:\.\d*)?) ?(bytes|[KMGT]iB)", text, re.IGNORECASE)
     size = ""
@@ -578,7 +593,8 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         torch.cuda.set_device(device)
     try:
         # _train takes out_dir once it may make it
-        with out_of_memory_in_one_line(), contextlib.ExitStack() as holds:
+        with (out_of_memory_in_one_line(), compile_failure_in_one_line(cfg.compile),
+              contextlib.ExitStack() as holds):
             summary = _train(model_cfg, cfg, argv, device, rank, world, holds)
         if ddp:     # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()

@@ -515,6 +515,7 @@ def test_truncated_sampling_equals_greedy(truncation):
     (1.0, None, 0.8, [0.625, 0.375, 0, 0]),             # 0.5 + 0.3 reaches 0.8 exactly
     (1.0, None, 0.81, [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),
     (0.5, None, None, [p * p / 0.365 for p in (0.5, 0.3, 0.15, 0.05)]),   # p^2, renormalised
+    (1.0, None, 1e-300, [1, 0, 0, 0]),                  # 0 in float32: the likeliest token is kept
 ])
 def test_sampling_draws_from_the_truncated_tempered_distribution(temperature, top_k, top_p, expected):
     from gpt.model import pick_token

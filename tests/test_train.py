@@ -18,6 +18,7 @@ from gpt.data import Batches
 from gpt import model as model_module
 from gpt.model import GPT, attention
 from gpt.precision import cpu_rounds_matmuls, matmul_precision
+from gpt import trainer
 from gpt.trainer import check_compile, lr_at, make_optimizer, read_jsonl
 
 
@@ -425,6 +426,23 @@ def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, 
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(found)
+
+
+def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeypatch, capsys):
+    class InductorError(RuntimeError):      # as torch._inductor raises it, without a C++ compiler
+        __module__ = "torch._inductor.exc"
+
+    def compiled(model):
+        def first_step(*args, **kwargs):
+            raise InductorError("InvalidCxxCompiler: No working C++ compiler found\n  pages more")
+        return first_step
+    monkeypatch.setattr(torch, "compile", compiled)
+    assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--compile=true")) == 2
+    assert capsys.readouterr().err == ("error: torch.compile failed (InvalidCxxCompiler: No working C++ "
+                                       "compiler found); run without --compile, or fix what it names\n")
+    with pytest.raises(InductorError):      # not compiling: not torch.compile's, and not hidden
+        with trainer.compile_failure_in_one_line(False):
+            raise InductorError("x")
 
 
 def test_compile_with_medium_is_refused_only_where_attention_would_round():
