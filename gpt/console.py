@@ -87,16 +87,28 @@ def loaded() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _stop(signum, frame):
+    raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
-def interrupt_in_one_line():
-    """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback."""
+def interrupt_in_one_line(terminate: bool = False):
+    """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback.
+    With terminate, SIGTERM and SIGHUP (kill, a closed terminal) do so too, so that the command's
+    own clean-up runs: a command that writes files and holds no checkpoint to save."""
     loaded()
+    if terminate:
+        saved = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
+                 if s is not None and signal.getsignal(s) is signal.SIG_DFL}
     try:
         yield
     except KeyboardInterrupt:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        for s, handler in (saved.items() if terminate else ()):
+            signal.signal(s, handler)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import torch
 
 import sample
 import train
-from conftest import ROOT, tiny_args
+from conftest import ROOT, make_text, tiny_args
 from gpt import checkpoint
 from gpt.config import UserError
 from gpt.data import prepare
@@ -1191,3 +1191,25 @@ def test_a_run_of_ones_own_in_a_sweeps_folder_is_not_told_the_sweep_continues_it
     assert how_to_continue(out / "mine") == f"continue with --out_dir={out / 'mine'} --resume"
     monkeypatch.setenv(SWEEP_PID, "1")      # as for the runs the sweep starts
     assert how_to_continue(out / "mine") == "the sweep's command, run again, continues it"
+
+
+def test_a_kill_while_a_dataset_is_prepared_leaves_no_temporary_files(tmp_path, monkeypatch, capsys):
+    """SIGTERM and SIGHUP, like Ctrl-C, end the prepare scripts through their clean-up."""
+    from gpt import data
+    from gpt.console import interrupt_in_one_line
+    src = tmp_path / "a.txt"
+    src.write_text(make_text(300))
+    read = data.text_pieces
+
+    def pieces(path):
+        yield from read(path)
+        if list((tmp_path / "out").glob("*.tmp*")):     # the second pass, its files begun
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(data, "text_pieces", pieces)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        with interrupt_in_one_line(terminate=True):
+            data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")])
+    assert stop.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert list((tmp_path / "out").iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) == before
