@@ -48,11 +48,22 @@ def _positive(obj, *names: str) -> None:
 NAME_MAX = 255      # bytes in one file or folder name, on Linux, macOS and Windows alike
 
 
+def user_path(text: str) -> str:
+    """A path with ~ expanded: bash leaves --out_dir=~/runs as it is, which would make a folder
+    named ~ in the current one."""
+    try:
+        return os.path.expanduser(text)
+    except RuntimeError:    # ~user of no such user: a name like any other
+        return text
+
+
 def _named(obj, *names: str) -> None:
     """Folders given empty would mean the current one (an unset shell variable, --out_dir=$OUT)."""
     for name in names:
         if not getattr(obj, name).strip():
             raise UserError(f"{name} is empty; give a folder name")
+        if name.endswith("_dir"):
+            setattr(obj, name, user_path(getattr(obj, name)))
         longest = max(Path(getattr(obj, name)).parts, key=lambda part: len(os.fsencode(part)))
         if len(os.fsencode(longest)) > NAME_MAX:
             raise UserError(f"{name} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...), "
@@ -400,11 +411,7 @@ def config_path(name: str) -> Path:
     in configs/ first."""
     stem = name.removesuffix(".toml")
     as_path = name.endswith(".toml") or name.startswith(("/", "./", "../", "~"))
-    try:
-        given = Path(f"{stem}.toml").expanduser()
-    except RuntimeError:        # ~user of no such user
-        given = Path(f"{stem}.toml")
-    places = [given, CONFIG_DIR / f"{stem}.toml"]
+    places = [Path(user_path(f"{stem}.toml")), CONFIG_DIR / f"{stem}.toml"]
     for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate

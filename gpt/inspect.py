@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from . import checkpoint
-from .config import UserError
+from .config import UserError, user_path
 from .console import Parser, interrupt_in_one_line, output_may_close
 from .trainer import read_jsonl
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", help="PNG to write (default RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
     try:
-        folder = Path(args.out_dir if args.command == "attention" else args.run_dir)
+        folder = Path(user_path(args.out_dir if args.command == "attention" else args.run_dir))
         if folder.is_file():    # a checkpoint or metrics.jsonl given for the folder holding it
             raise UserError(f"{folder} is a file, not a run folder; give {folder.parent}")
         out = Path(args.out or folder / ("attention.png" if args.command == "attention" else "dashboard.png"))

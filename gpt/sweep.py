@@ -28,7 +28,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import checkpoint
-from .config import NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown
+from .config import (NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown,
+                     user_path)
 from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
@@ -71,7 +72,7 @@ def _setting(run: Run) -> dict:
     since each run's process starts in the repository root (the folder name keeps it as typed)."""
     if "data_dir" not in run.setting:
         return run.setting
-    return {**run.setting, "data_dir": str(Path(run.setting["data_dir"]).resolve())}
+    return {**run.setting, "data_dir": str(Path(user_path(run.setting["data_dir"])).resolve())}
 
 
 def _command(values: dict, run: Run, threads: int) -> list[str]:
@@ -185,9 +186,9 @@ def run(args, argv: list[str]) -> int:
     values = dict(args.values)
     sweep_cfg = build(SweepConfig, values)
     # absolute, because each run's process starts in the repository root
-    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
+    out_dir = Path(user_path(values.get("out_dir", "runs/sweep"))).resolve()
     values["out_dir"] = str(out_dir)
-    values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
+    values["data_dir"] = str(Path(user_path(values.get("data_dir", TrainConfig.data_dir))).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
     if base_seed + sweep_cfg.seeds > 2 ** 32:
         raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "

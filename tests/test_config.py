@@ -337,3 +337,13 @@ def test_a_config_file_may_not_set_what_the_dataset_sets(tmp_path):
         path.write_text(text)
         with pytest.raises(UserError, match=r"padded.toml sets vocab_size: vocab_size is set by the dataset"):
             parse_argv(["--config", str(path)])
+
+
+def test_a_folder_given_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch):
+    """bash leaves --out_dir=~/runs as it is; a folder named ~ would appear in the current one."""
+    from gpt.config import SampleConfig
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = TrainConfig(out_dir="~/runs/a", data_dir="~/data")
+    assert (cfg.out_dir, cfg.data_dir) == (str(tmp_path / "runs" / "a"), str(tmp_path / "data"))
+    assert SampleConfig(out_dir="~/runs/a").out_dir == str(tmp_path / "runs" / "a")
+    assert TrainConfig(out_dir="~nosuchuser/a").out_dir == "~nosuchuser/a"
