@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import torch
 
-from .config import GPTConfig, UserError
+from .config import GPTConfig, UserError, _check_seed
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
@@ -179,8 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         gd.error(f"--depths {args.depths!r} should be integers separated by commas")
     if min(depths) < 1:
         gd.error("--depths must be positive")
+    from .trainer import out_of_memory_in_one_line     # here: the trainer imports this module
     try:
-        rows = grad_depth(depths, n_embd=args.n_embd, n_head=args.n_head, seed=args.seed)
+        _check_seed(args.seed)
+        with out_of_memory_in_one_line("lower --n_embd or the --depths"):
+            rows = grad_depth(depths, n_embd=args.n_embd, n_head=args.n_head, seed=args.seed)
     except UserError as e:
         gd.error(str(e))
     if args.json:

@@ -78,16 +78,22 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
                         f"{total / 2**30:,.1f} GiB here; lower n_layer or n_embd")
 
 
+TRAINING_FIX = ("lower batch_size (raising gradient_accumulation_steps keeps the batch per step), "
+                "eval_iters or eval_batch_size, which --resume may change, or block_size or the "
+                "model's size in a new run; checkpoints already saved are whole")
+
+
 @contextlib.contextmanager
-def out_of_memory_in_one_line():
-    """A failed allocation (numpy's, the CPU allocator's or CUDA's) becomes a UserError."""
+def out_of_memory_in_one_line(fix: str = TRAINING_FIX):
+    """A failed allocation (numpy's, the CPU allocator's or CUDA's) becomes a UserError that
+    says fix."""
     try:
         yield
     except (MemoryError, RuntimeError) as e:       # torch.OutOfMemoryError is a RuntimeError
         text = str(e)
         if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text):
             raise
-        raise UserError(out_of_memory_message(text)) from None
+        raise UserError(out_of_memory_message(text, fix)) from None
 
 
 @contextlib.contextmanager
@@ -105,15 +111,13 @@ def compile_failure_in_one_line(compiling: bool):
                         "names") from None
 
 
-def out_of_memory_message(text: str) -> str:
+def out_of_memory_message(text: str, fix: str = TRAINING_FIX) -> str:
     found = re.search(r"allocate (\d+(?:\.\d*)?) ?(bytes|[KMGT]iB)", text, re.IGNORECASE)
     size = ""
     if found:
         scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
         size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
-    return (f"out of memory{size}; lower batch_size (raising gradient_accumulation_steps keeps the "
-            "batch per step), eval_iters or eval_batch_size, which --resume may change, or "
-            "block_size or the model's size in a new run; checkpoints already saved are whole")
+    return f"out of memory{size}; {fix}"
 
 
 def launcher(world: int) -> list[str]:

@@ -904,10 +904,17 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
     ("inspect", ["attention", "--bogus"], "the following arguments are required: --out_dir "
                                           "(see python -m gpt.inspect attention --help)"),
     ("diagnostics", ["grad-depth", "--depths=x"], "--depths 'x' should be integers separated by commas"),
+    ("diagnostics", ["grad-depth", "--seed=-1"], "seed=-1 must be in [0, 2**32)"),
+    ("diagnostics", ["grad-depth", "--n_embd=100000000", "--n_head=1", "--depths=1"],
+     "out of memory (an allocation of 2.00 GiB failed); lower --n_embd or the --depths"),
     ("prepare", ["--nope"], "unrecognized arguments: --nope (see python data/shakespeare_char/prepare.py --help)"),
 ])
-def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, message, capsys):
+def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, message, capsys, monkeypatch):
     from gpt import data, diagnostics, inspect
+
+    def too_big(*args, **kwargs):       # as a CPU or GPU allocator fails, without trying
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    monkeypatch.setattr(diagnostics, "grad_depth", too_big)
     main = {"inspect": inspect.main, "diagnostics": diagnostics.main,
             "prepare": lambda argv: data.prepare_main("shakespeare_char", argv)}[command]
     with pytest.raises(SystemExit) as stop:
