@@ -75,7 +75,8 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
     if 16 * n > total:
         raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
                         f"GiB for its weights, gradients and optimizer state, more than the "
-                        f"{total / 2**30:,.1f} GiB here; lower n_layer or n_embd")
+                        f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
+                        "positions) block_size")
 
 
 TRAINING_FIX = ("lower batch_size (raising gradient_accumulation_steps keeps the batch per step), "

@@ -435,7 +435,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"those files\n$"),
 
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
-     r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer or n_embd"),
+     r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer, n_embd, mlp_ratio or \(for learned "
+     r"positions\) block_size$"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
      r"out_dir=.* cannot be written"),
     ("out_dir is a file", "train", lambda d, t, g: tiny_args(d, t / "file.txt"),
