@@ -48,13 +48,18 @@ def _positive(obj, *names: str) -> None:
 NAME_MAX = 255      # bytes in one file or folder name, on Linux, macOS and Windows alike
 
 
-def user_path(text: str) -> str:
-    """A path with ~ expanded: bash leaves --out_dir=~/runs as it is, which would make a folder
-    named ~ in the current one."""
+def user_path(text: str, what: str = "the path") -> str:
+    """A path as given, with ~ expanded (bash leaves --out_dir=~/runs as it is, which would make a
+    folder named ~ in the current one), and refused if a name in it is too long for any disk."""
     try:
-        return os.path.expanduser(text)
+        text = os.path.expanduser(text)
     except RuntimeError:    # ~user of no such user: a name like any other
-        return text
+        pass
+    longest = max(Path(text).parts or [""], key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > NAME_MAX:
+        raise UserError(f"{what} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...), "
+                        f"more than the {NAME_MAX} a file system allows; give a shorter one")
+    return text
 
 
 def _named(obj, *names: str) -> None:
@@ -62,12 +67,7 @@ def _named(obj, *names: str) -> None:
     for name in names:
         if not getattr(obj, name).strip():
             raise UserError(f"{name} is empty; give a folder name")
-        if name.endswith("_dir"):
-            setattr(obj, name, user_path(getattr(obj, name)))
-        longest = max(Path(getattr(obj, name)).parts, key=lambda part: len(os.fsencode(part)))
-        if len(os.fsencode(longest)) > NAME_MAX:
-            raise UserError(f"{name} has a name of {len(os.fsencode(longest))} bytes ({longest[:40]}...), "
-                            f"more than the {NAME_MAX} a file system allows; give a shorter one")
+        setattr(obj, name, user_path(getattr(obj, name), name))
 
 
 def _check_seed(seed: int) -> None:
@@ -384,8 +384,8 @@ def convert(name: str, value, fields: dict = FIELDS):
                 return number
         except (TypeError, ValueError, OverflowError):
             pass
-    elif kind is str:
-        return str(value)
+    elif kind is str:   # a folder given by the user is taken as the shell would have it
+        return user_path(str(value), name) if name.endswith("_dir") and str(value).strip() else str(value)
     raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
 
 
@@ -411,7 +411,7 @@ def config_path(name: str) -> Path:
     in configs/ first."""
     stem = name.removesuffix(".toml")
     as_path = name.endswith(".toml") or name.startswith(("/", "./", "../", "~"))
-    places = [Path(user_path(f"{stem}.toml")), CONFIG_DIR / f"{stem}.toml"]
+    places = [Path(user_path(f"{stem}.toml", "--config")), CONFIG_DIR / f"{stem}.toml"]
     for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate

@@ -87,25 +87,32 @@ def loaded() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+class _Terminated(KeyboardInterrupt):
+    def __init__(self, signum: int):
+        super().__init__()
+        self.signum = signum
+
+
 def _stop(signum, frame):
-    raise KeyboardInterrupt
+    raise _Terminated(signum)
 
 
 @contextlib.contextmanager
 def interrupt_in_one_line(terminate: bool = False):
     """Ctrl-C ends a command with one line and status 130, as a shell reports it, not a traceback.
-    With terminate, SIGTERM and SIGHUP (kill, a closed terminal) do so too, so that the command's
-    own clean-up runs: a command that writes files and holds no checkpoint to save."""
+    With terminate, SIGTERM and SIGHUP (kill, a closed terminal) do so too, with their own status
+    (143, 129), so that the command's own clean-up runs: for one that writes files and holds no
+    checkpoint to save."""
     loaded()
     if terminate:
         saved = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
                  if s is not None and signal.getsignal(s) is signal.SIG_DFL}
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:     # the status a shell gives a process the signal ended
         with contextlib.suppress(OSError, ValueError, AttributeError):
             print("interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(128 + getattr(e, "signum", signal.SIGINT)) from None
     finally:
         for s, handler in (saved.items() if terminate else ()):
             signal.signal(s, handler)

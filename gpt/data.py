@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import UserError
+from .config import UserError, user_path
 
 PIECE = 1 << 20     # characters of a text file read at a time while preparing it
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
@@ -468,8 +468,8 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
         if args.input and args.out_dir is None:     # it would pass for the shipped dataset from then on
             raise UserError(f"--input needs --out_dir: {default_dir} holds the shipped {dataset} "
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")
-        out_dir = Path(args.out_dir) if args.out_dir is not None else default_dir
-        source = Path(args.input) if args.input else out_dir / "input.txt"
+        out_dir = Path(user_path(args.out_dir, "--out_dir")) if args.out_dir is not None else default_dir
+        source = Path(user_path(args.input, "--input")) if args.input else out_dir / "input.txt"
         if not args.input:
             fetch_text(source, url)
         meta = prepare_file(source, out_dir, tokenizer)

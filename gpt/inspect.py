@@ -170,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", help="PNG to write (default RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
     try:
-        folder = Path(user_path(args.out_dir if args.command == "attention" else args.run_dir))
+        folder = Path(user_path(*((args.out_dir, "--out_dir") if args.command == "attention"
+                                  else (args.run_dir, "RUN_DIR"))))
         if folder.is_file():    # a checkpoint or metrics.jsonl given for the folder holding it
             raise UserError(f"{folder} is a file, not a run folder; give {folder.parent}")
-        out = Path(args.out or folder / ("attention.png" if args.command == "attention" else "dashboard.png"))
+        out = Path(user_path(args.out, "--out") if args.out else
+                   folder / ("attention.png" if args.command == "attention" else "dashboard.png"))
         _check_picture_name(out)        # before loading or drawing anything
         if args.command == "attention":
             path = attention_figure(folder, args.start, out)

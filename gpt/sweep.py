@@ -72,7 +72,7 @@ def _setting(run: Run) -> dict:
     since each run's process starts in the repository root (the folder name keeps it as typed)."""
     if "data_dir" not in run.setting:
         return run.setting
-    return {**run.setting, "data_dir": str(Path(user_path(run.setting["data_dir"])).resolve())}
+    return {**run.setting, "data_dir": str(Path(run.setting["data_dir"]).resolve())}
 
 
 def _command(values: dict, run: Run, threads: int) -> list[str]:
@@ -186,9 +186,9 @@ def run(args, argv: list[str]) -> int:
     values = dict(args.values)
     sweep_cfg = build(SweepConfig, values)
     # absolute, because each run's process starts in the repository root
-    out_dir = Path(user_path(values.get("out_dir", "runs/sweep"))).resolve()
+    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
     values["out_dir"] = str(out_dir)
-    values["data_dir"] = str(Path(user_path(values.get("data_dir", TrainConfig.data_dir))).resolve())
+    values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
     if base_seed + sweep_cfg.seeds > 2 ** 32:
         raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "
@@ -205,10 +205,12 @@ def run(args, argv: list[str]) -> int:
         # else each batch size would be scored on its own windows, and the evaluation would differ
         # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
         # sweep's first choice stays, so that the axis may gain a value in front
-        old_axis = (record or {}).get("axes", {}).get("batch_size")
-        pinned = ((record or {}).get("eval_batch_size",  # recorded since the pin was; then the axis
-                                     old_axis[0] if isinstance(old_axis, list) and old_axis else None))
-        values["eval_batch_size"] = pinned if isinstance(pinned, int) else axes["batch_size"][0]
+        old_axes = (record or {}).get("axes")
+        old_axis = old_axes.get("batch_size") if isinstance(old_axes, dict) else None
+        pinned = (record["eval_batch_size"] if record and "eval_batch_size" in record
+                  else old_axis[0] if isinstance(old_axis, list) and old_axis else None)    # older records
+        values["eval_batch_size"] = (pinned if type(pinned) is int and pinned >= 0
+                                     else axes["batch_size"][0])
         if values["eval_batch_size"]:
             print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
                   f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
@@ -691,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, file=sys.stderr)
         return 2
     try:
-        report(Path(argv[1]))
+        report(Path(user_path(argv[1], "DIR")))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -328,8 +328,11 @@ class Metrics:
             with open(self.path, "a") as f:
                 f.write(json_line(row))
         except OSError as e:    # a full disk: the checkpoints already saved are whole
+            folder = self.path.parent
+            kept = (f"ckpt.pt is whole: once the file can be written, {how_to_continue(folder)}"
+                    if (folder / "ckpt.pt").exists() else "no checkpoint had been saved yet")
             raise UserError(f"cannot write {self.path} ({e.strerror or e}); the run stopped, and "
-                            "the checkpoints already saved are whole") from None
+                            f"{kept}") from None
         if self.wandb is not None:
             try:
                 self.wandb.log(flatten(row), step=row["iter"])
@@ -506,15 +509,19 @@ def rescore(model: GPT, batches: Batches, out_dir: Path, start_iter: int, best_i
         except UserError:
             pass    # a damaged copy, or another model's: ckpt.pt's state replaces it
         del other
-    best = min(scores, key=scores.get)
+    said = ", ".join(f"iteration {it} {loss:.4f}" for it, loss in sorted(scores.items()))
+    note = (f"note: evaluations now score {n_batches * batch_size} windows, before {windows_before}, "
+            f"so the val losses before and after compare other text; on the new ones {said}")
+    finite = {it: loss for it, loss in scores.items() if math.isfinite(loss)}
+    if not finite:      # ckpt_best.pt stays; any finite evaluation will replace it
+        print(f"{note}: neither is finite, so the next finite evaluation becomes ckpt_best.pt", flush=True)
+        return float("inf"), best_iter
+    best = min(finite, key=finite.get)
     if best == start_iter and start_iter != best_iter:
         checkpoint.save_copy(out_dir / "ckpt.pt", best_path)
-    said = ", ".join(f"iteration {it} {loss:.4f}" for it, loss in sorted(scores.items()))
-    print(f"note: evaluations now score {n_batches * batch_size} windows, before {windows_before}, "
-          f"so the val losses before and after compare other text; on the new ones {said}: "
-          f"ckpt_best.pt holds iteration {best}, and later evaluations must beat {scores[best]:.4f}",
-          flush=True)
-    return scores[best], best
+    print(f"{note}: ckpt_best.pt holds iteration {best}, and later evaluations must beat "
+          f"{finite[best]:.4f}", flush=True)
+    return finite[best], best
 
 
 def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:

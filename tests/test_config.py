@@ -347,3 +347,6 @@ def test_a_folder_given_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch
     assert (cfg.out_dir, cfg.data_dir) == (str(tmp_path / "runs" / "a"), str(tmp_path / "data"))
     assert SampleConfig(out_dir="~/runs/a").out_dir == str(tmp_path / "runs" / "a")
     assert TrainConfig(out_dir="~nosuchuser/a").out_dir == "~nosuchuser/a"
+    # as typed on a command line, where every command reads it: --resume finds the run there
+    assert parse_argv(["--out_dir=~/runs/a", "--data_dir=~/data"]).values == {
+        "out_dir": str(tmp_path / "runs" / "a"), "data_dir": str(tmp_path / "data")}

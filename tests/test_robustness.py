@@ -1127,14 +1127,16 @@ def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(name, data_
     (out / name).rmdir()
     real_open = open
 
-    def full(path, *args, **kwargs):        # a disk that fills once the run has started
-        if Path(path).name == name and Path(path).exists():
+    def full(path, *args, **kwargs):        # a disk that fills after the first checkpoint
+        if Path(path).name == name and (out / "ckpt.pt").exists():
             raise OSError(28, "No space left on device")
         return real_open(path, *args, **kwargs)
     monkeypatch.setattr("builtins.open", full)
-    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 2
     assert capsys.readouterr().err == (f"error: cannot write {out / name} (No space left on device); the "
-                                       "run stopped, and the checkpoints already saved are whole\n")
+                                       f"run stopped, and ckpt.pt is whole: once the file can be written, "
+                                       f"continue with --out_dir={out} --resume\n")
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 2
 
 
 def test_lines_of_another_shape_in_metrics_jsonl_are_skipped(tmp_path):
@@ -1218,6 +1220,6 @@ def test_a_kill_while_a_dataset_is_prepared_leaves_no_temporary_files(tmp_path, 
     with pytest.raises(SystemExit) as stop:
         with interrupt_in_one_line(terminate=True):
             data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")])
-    assert stop.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+    assert stop.value.code == 143 and capsys.readouterr().err == "interrupted\n"    # as a shell says it
     assert list((tmp_path / "out").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) == before

@@ -119,6 +119,10 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     assert "sweep: 3 runs (2 already finished)" in capsys.readouterr().out
     assert json.loads((out / "batch_size=1__seed=1337" / "config.json").read_text())["train"]["eval_batch_size"] == 4
     assert json.loads((out / "sweep.json").read_text())["eval_batch_size"] == 4
+    for damaged in ({"axes": ["batch_size"]}, {"axes": {"batch_size": 4}, "eval_batch_size": True}):
+        (out / "sweep.json").write_text(json.dumps(damaged))    # edited by hand: the axis decides
+        assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
+                                    "--sweep", "batch_size=4,2")) == 0
     # given by the user, it is kept
     capsys.readouterr()
     assert train.main(tiny_args(data_dir, tmp_path / "sw2", "--max_iters=2", "--eval_interval=2",

@@ -319,6 +319,25 @@ def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scor
     assert checkpoint.load(out / "ckpt_best.pt")["iter"] in (4, 5)
 
 
+def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_finite_the_best(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    resumed = torch.load(out / "ckpt.pt", weights_only=False)
+    resumed["best_iter"] = 2
+    resumed["model"]["transformer.ln_f.weight"].fill_(float("inf"))    # as a stop saves it unevaluated
+    torch.save(resumed, out / "ckpt.pt")
+    shutil.copy(out / "ckpt.pt", out / "bad.pt")
+    best = torch.load(out / "ckpt.pt", weights_only=False)
+    best["iter"], best["model"] = 2, checkpoint.load(out / "ckpt_best.pt")["model"]
+    torch.save(best, out / "ckpt_best.pt")
+    before = (out / "ckpt_best.pt").read_bytes()
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=3",
+                       "--skip_nonfinite=true"]) == 0
+    said = capsys.readouterr().out
+    assert "iteration 4 nan: ckpt_best.pt holds iteration 2, and later evaluations must beat" in said
+    assert (out / "ckpt_best.pt").read_bytes() == before
+
+
 def test_a_resume_that_scores_other_windows_when_no_ckpt_best_was_saved(data_dir, tmp_path, capsys):
     out = tmp_path / "run"      # diverging: iteration 0 is the best, and it is never saved
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=30",
