@@ -353,8 +353,9 @@ def _field_type(cls, f) -> type:
 SPELLED = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
 
 
-def convert(name: str, value, fields: dict = FIELDS):
-    """Turn a command-line string or a TOML value into the type of field `name`."""
+def convert(name: str, value, fields: dict = FIELDS, axis: bool = False):
+    """Turn a command-line string or a TOML value into the type of field `name`. A folder keeps
+    its ~ on a sweep axis, where it names the run folders; the runs expand it."""
     if name not in fields:
         raise UserError(unknown_name_message(name, fields))
     kind = _field_type(*fields[name])
@@ -385,7 +386,8 @@ def convert(name: str, value, fields: dict = FIELDS):
         except (TypeError, ValueError, OverflowError):
             pass
     elif kind is str:   # a folder given by the user is taken as the shell would have it
-        return user_path(str(value), name) if name.endswith("_dir") and str(value).strip() else str(value)
+        folder = name.endswith("_dir") and str(value).strip() and not axis
+        return user_path(str(value), name) if folder else str(value)
     raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
 
 
@@ -448,7 +450,7 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
             raise UserError(f"{path}: {key} is not a setting"
                             f"{f'; did you mean {close[0]}?' if close else '; see --help for the list'}")
         try:
-            return convert(key, value)
+            return convert(key, value, axis=axis)
         except UserError as e:
             raise UserError(f"{path}: {e}") from None
     values = {key: typed(key, value) for key, value in data.items()}
@@ -525,7 +527,7 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             if axis in sweep:
                 raise UserError(f"--sweep {axis} is given twice; list all its values in one: "
                                 f"--sweep {axis}=v1,v2")
-            sweep[axis] = [convert(axis, v, fields) for v in values.split(",")]
+            sweep[axis] = [convert(axis, v, fields, axis=True) for v in values.split(",")]
         else:
             raw[name] = convert(name, value, fields)
     values, file_sweep = read_config_file(config_name) if config_name else ({}, {})

@@ -72,7 +72,7 @@ def _setting(run: Run) -> dict:
     since each run's process starts in the repository root (the folder name keeps it as typed)."""
     if "data_dir" not in run.setting:
         return run.setting
-    return {**run.setting, "data_dir": str(Path(run.setting["data_dir"]).resolve())}
+    return {**run.setting, "data_dir": str(Path(user_path(run.setting["data_dir"], "data_dir")).resolve())}
 
 
 def _command(values: dict, run: Run, threads: int) -> list[str]:
@@ -184,6 +184,9 @@ def run(args, argv: list[str]) -> int:
         raise UserError("a sweep runs its own processes; start it with python train.py, not "
                         "torchrun (use --jobs=N to run N at once)")
     values = dict(args.values)
+    for name in ("out_dir", "data_dir"):    # else the sweep would fill the current folder
+        if name in values and not values[name].strip():
+            raise UserError(f"{name} is empty; give a folder name")
     sweep_cfg = build(SweepConfig, values)
     # absolute, because each run's process starts in the repository root
     out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
@@ -199,7 +202,7 @@ def run(args, argv: list[str]) -> int:
                         "folders would mix with it; choose another --out_dir")
     record = _read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
     axes = args.sweep
-    if record and set(record.get("axes", {})) == set(axes):
+    if record and isinstance(record.get("axes"), dict) and set(record["axes"]) == set(axes):
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
     if "batch_size" in axes and "eval_batch_size" not in {*values, *axes}:
         # else each batch size would be scored on its own windows, and the evaluation would differ

@@ -514,7 +514,7 @@ def rescore(model: GPT, batches: Batches, out_dir: Path, start_iter: int, best_i
             f"so the val losses before and after compare other text; on the new ones {said}")
     finite = {it: loss for it, loss in scores.items() if math.isfinite(loss)}
     if not finite:      # ckpt_best.pt stays; any finite evaluation will replace it
-        print(f"{note}: neither is finite, so the next finite evaluation becomes ckpt_best.pt", flush=True)
+        print(f"{note}: no score is finite, so the next finite evaluation becomes ckpt_best.pt", flush=True)
         return float("inf"), best_iter
     best = min(finite, key=finite.get)
     if best == start_iter and start_iter != best_iter:

@@ -613,3 +613,36 @@ def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_
             ("activation", "gelu_tanh"), ("scale_embeddings", "true"), ("tie_weights", "false"),
             ("qk_norm", "true"), ("norm_type", "rmsnorm"), ("lr_schedule", "constant"))))), [])
     assert not out.exists()
+
+
+def test_a_data_dir_axis_with_a_tilde_names_its_runs_as_typed_and_trains_in_the_home_folder(data_dir, tmp_path,
+                                                                                            monkeypatch, capsys):
+    import shutil
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(data_dir, tmp_path / "d1")
+    out = tmp_path / "sw"
+    argv = [a for a in tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "data_dir=~/d1")
+            if not a.startswith("--data_dir=")]
+    assert train.main(argv) == 0
+    assert [p.name for p in out.iterdir() if p.is_dir()] == ["data_dir=~"]     # its / nests, as before
+    config = json.loads((out / "data_dir=~" / "d1__seed=1337" / "config.json").read_text())
+    assert config["train"]["data_dir"] == str(tmp_path / "d1")
+    assert train.main(argv) == 0
+    assert "(1 already finished)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("record", [{"axes": None}, {"axes": 5}, {"axes": {"batch_size": [4]}, "eval_batch_size": "x"}])
+def test_a_sweep_json_edited_by_hand_is_rewritten(record, data_dir, tmp_path):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "batch_size=4,2")
+    assert train.main(argv) == 0
+    (out / "sweep.json").write_text(json.dumps(record))
+    assert train.main(argv) == 0
+    assert json.loads((out / "sweep.json").read_text())["axes"] == {"batch_size": [4, 2]}
+
+
+def test_a_sweep_given_an_empty_out_dir_says_so(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert train.main(tiny_args(data_dir, tmp_path, "--out_dir=", "--sweep", "n_layer=1")) == 2
+    assert capsys.readouterr().err == "error: out_dir is empty; give a folder name\n"
+    assert list(tmp_path.iterdir()) == [tmp_path / "data"]
