@@ -709,6 +709,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                                            "ckpt.pt.tmp", "ckpt_best.pt.tmp", "config.json.tmp",
                                            "metrics.jsonl.tmp", "dashboard.png", "attention.png")]
         old = [p for p in old if p.exists()]
+        theirs = [p.name for p in old if not p.name.endswith(".tmp")]
+        if theirs and not cfg.overwrite and not (out_dir / "config.json").exists():
+            raise UserError(f"{out_dir} holds {', '.join(theirs)} but no run of this project (no "
+                            "config.json); remove them, replace them with --overwrite=true, or choose "
+                            "another --out_dir")
         for path in old:
             try:
                 path.unlink()

@@ -1117,7 +1117,7 @@ def test_a_resume_that_cannot_rewrite_its_log_keeps_it_whole(data_dir, tmp_path,
 def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(name, data_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     (out / name).mkdir(parents=True)        # a folder of the file's name: it cannot be replaced
-    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 2
     err = capsys.readouterr().err
     said = (f"error: cannot write {out / name} (Is a directory)" if name == "config.json" else
             f"error: {out / name} cannot be replaced (Is a directory); remove it, or choose another --out_dir")
@@ -1223,3 +1223,18 @@ def test_a_kill_while_a_dataset_is_prepared_leaves_no_temporary_files(tmp_path, 
     assert stop.value.code == 143 and capsys.readouterr().err == "interrupted\n"    # as a shell says it
     assert list((tmp_path / "out").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_fresh_run_never_deletes_files_of_the_users_that_share_a_runs_names(data_dir, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "command.txt").write_text("my notes\n")
+    (out / "dashboard.png").write_bytes(b"x")
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (f"error: {out} holds command.txt, dashboard.png but no run of this "
+                                       "project (no config.json); remove them, replace them with "
+                                       "--overwrite=true, or choose another --out_dir\n")
+    assert (out / "command.txt").read_text() == "my notes\n" and (out / "dashboard.png").exists()
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
+    assert not (out / "dashboard.png").exists()
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
