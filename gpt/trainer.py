@@ -565,14 +565,16 @@ def _writable(out_dir: Path) -> None:
         raise UserError(f"out_dir={str(out_dir)!r} is a file; choose another --out_dir")
     if checkpoint.is_sweep(out_dir):    # a run's files would mix with the sweep's run folders
         raise UserError(f"out_dir={str(out_dir)!r} holds a sweep; choose another --out_dir")
+    probe = out_dir / f".write-test{os.getpid()}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-test{os.getpid()}"
         probe.write_text("ok")
-        probe.unlink()
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror or e}); "
                         "choose another --out_dir") from None
+    finally:    # also when a full disk let it be made but not written
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
     for name in ("metrics.jsonl", "command.txt"):   # appended to in place (the rest is replaced whole)
         path = out_dir / name
         if path.exists() and not os.access(path, os.W_OK):

@@ -1238,3 +1238,15 @@ def test_a_fresh_run_never_deletes_files_of_the_users_that_share_a_runs_names(da
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
     assert not (out / "dashboard.png").exists()
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
+
+
+def test_a_full_disk_at_the_write_test_leaves_no_probe_file(tmp_path, monkeypatch):
+    from gpt import trainer
+
+    def full(self, *args, **kwargs):        # the file is made, its bytes do not fit
+        open(self, "w").close()
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(UserError, match=r"cannot be written \(No space left on device\); choose another --out_dir$"):
+        trainer._writable(tmp_path / "run")
+    assert list((tmp_path / "run").iterdir()) == []
