@@ -228,6 +228,7 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     if tok.vocab_size > 65536:
         raise UserError(f"vocabulary of {tok.vocab_size} does not fit uint16 token ids")
     n = int(length * (1 - val_fraction))
+    made = not out_dir.exists()     # then a failure takes it away again
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -251,6 +252,9 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     except BaseException as e:  # a full disk, a file that stops being UTF-8 text, Ctrl-C
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):     # not empty: someone else's files meanwhile
+                out_dir.rmdir()
         if isinstance(e, OSError):
             raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
         raise
