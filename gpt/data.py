@@ -220,7 +220,8 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     unchanged() says whether the text is still what the first pass read."""
     chars, length = set(), 0
     for piece in pieces():
-        chars.update(piece)
+        if tokenizer == "char":     # BPE has its own vocabulary
+            chars.update(piece)
         length += len(piece)
     if not length:
         raise UserError(f"{source} is empty; give a text file to prepare")

@@ -261,6 +261,15 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def append_line(path: Path, line: str) -> None:
+    """Add a line to a file that grows in place (metrics.jsonl, command.txt)."""
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+    except OSError as e:    # a full disk, a folder of that name
+        raise UserError(f"cannot write {path} ({e.strerror or e})") from None
+
+
 def write_json(path: Path, data: dict) -> None:
     write_atomic(path, to_json(data, indent=1))
 
@@ -325,14 +334,12 @@ class Metrics:
 
     def log(self, row: dict) -> None:
         try:
-            with open(self.path, "a") as f:
-                f.write(json_line(row))
-        except OSError as e:    # a full disk: the checkpoints already saved are whole
+            append_line(self.path, json_line(row))
+        except UserError as e:      # the checkpoints already saved are whole
             folder = self.path.parent
             kept = (f"ckpt.pt is whole: once the file can be written, {how_to_continue(folder)}"
                     if (folder / "ckpt.pt").exists() else "no checkpoint had been saved yet")
-            raise UserError(f"cannot write {self.path} ({e.strerror or e}); the run stopped, and "
-                            f"{kept}") from None
+            raise UserError(f"{e}; the run stopped, and {kept}") from None
         if self.wandb is not None:
             try:
                 self.wandb.log(flatten(row), step=row["iter"])
@@ -735,11 +742,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             metrics.trim(start_iter)
         write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
         given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
-        try:
-            with open(out_dir / "command.txt", "a") as f:
-                f.write(shlex.join([*launcher(world), "train.py", *given]) + "\n")
-        except OSError as e:
-            raise UserError(f"cannot write {out_dir / 'command.txt'} ({e.strerror or e})") from None
+        append_line(out_dir / "command.txt", shlex.join([*launcher(world), "train.py", *given]) + "\n")
 
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms
