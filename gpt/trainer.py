@@ -61,9 +61,11 @@ def keep_freed_memory() -> None:
         pass
 
 
-def check_fits(model_cfg: GPTConfig, device: str) -> None:
-    """Refuse a model whose weights, gradients and AdamW moments alone (16 bytes a parameter in
-    float32) exceed the device's whole memory: building it would hang in swap or be killed."""
+def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
+    """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
+    killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
+    parameter in float32), or a batch's logits and one residual stream per block, the least that
+    a training step keeps for its backward pass."""
     if torch.device(device).type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
     else:
@@ -77,6 +79,14 @@ def check_fits(model_cfg: GPTConfig, device: str) -> None:
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
                         "positions) block_size")
+    per_token = 4 * (model_cfg.vocab_size + model_cfg.n_layer * model_cfg.n_embd)
+    for name, fix in (("batch_size", "; raising gradient_accumulation_steps keeps the batch per step"),
+                      ("eval_batch_size", "")):
+        need = getattr(cfg, name) * model_cfg.block_size * per_token
+        if need > total:
+            raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "
+                            f"batch's activations, more than the {total / 2**30:,.1f} GiB here; lower "
+                            f"it{fix}")
 
 
 TRAINING_FIX = ("lower batch_size (raising gradient_accumulation_steps keeps the batch per step), "
@@ -121,11 +131,27 @@ def out_of_memory_message(text: str, fix: str = TRAINING_FIX) -> str:
     return f"out of memory{size}; {fix}"
 
 
+def env_int(name: str, default: int, least: int = 0) -> int:
+    """A count torchrun puts in the environment (RANK, WORLD_SIZE, ...); a stray or mistyped one
+    stops the run with one line."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise UserError(f"{name}={text!r} in the environment is not a whole number of at least {least}; "
+                        "torchrun sets it: unset it to run one process")
+    return value
+
+
 def launcher(world: int) -> list[str]:
     """How this run was started, for command.txt: python, or torchrun with its process counts."""
     if world == 1:
         return ["python"]
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = env_int("LOCAL_WORLD_SIZE", world, least=1)
     nodes = [f"--nnodes={world // local}"] if world != local else []
     return ["torchrun", *nodes, f"--nproc_per_node={local}"]
 
@@ -594,7 +620,10 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     """Train one model; returns a summary of the run (also in out_dir/metrics.jsonl)."""
     end_with_the_sweep()
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rank, world = (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])) if ddp else (0, 1)
+    rank, world = (env_int("RANK", 0), env_int("WORLD_SIZE", 1, least=1)) if ddp else (0, 1)
+    if rank >= world:
+        raise UserError(f"RANK={rank} in the environment is not below WORLD_SIZE={world}; torchrun sets "
+                        "both: unset them to run one process")
     if cfg.gradient_accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a "
                         f"multiple of the {world} processes")
@@ -608,7 +637,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         backend = "nccl" if device.startswith("cuda") else "gloo"
         torch.distributed.init_process_group(backend=backend)
         if device.startswith("cuda"):
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            device = f"cuda:{env_int('LOCAL_RANK', 0)}"
             torch.cuda.set_device(device)
     elif device.startswith("cuda:"):    # the run's GPU is the current one: no context on GPU 0
         torch.cuda.set_device(device)
@@ -639,13 +668,13 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     holds.enter_context(matmul_precision(cfg.matmul_precision, device_type))     # as it was after
 
     # one process per machine prepares: another machine may not share this one's disk
-    node_master = world == 1 or int(os.environ.get("LOCAL_RANK", 0)) == 0
+    node_master = world == 1 or env_int("LOCAL_RANK", 0) == 0
     folder = ensure_prepared(cfg.data_dir, cfg.dataset) if node_master else Path(cfg.data_dir) / cfg.dataset
     if world > 1:
         torch.distributed.barrier()
     meta = load_meta(folder)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
-    check_fits(model_cfg, device)
+    check_fits(model_cfg, cfg, device)
     seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
     eval_batch = cfg.eval_batch_size or cfg.batch_size

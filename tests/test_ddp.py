@@ -90,3 +90,21 @@ def test_a_single_process_prepares_whatever_local_rank_its_environment_holds(tmp
     assert train.main(tiny_args(tmp_path / "data", tmp_path / "run", "--dataset=shakespeare_char",
                                 "--max_iters=2", "--eval_interval=2")) == 0
     assert (tmp_path / "data" / "shakespeare_char" / "meta.json").exists()
+
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' in the environment is not a whole number of at least 0; "
+                                       "torchrun sets it: unset it to run one process"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' in the environment is not a whole number of at "
+                                       "least 1; torchrun sets it: unset it to run one process"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 in the environment is not below WORLD_SIZE=2; torchrun sets "
+                                       "both: unset them to run one process"),
+])
+def test_a_stray_torchrun_variable_stops_the_run_with_one_line(env, message, data_dir, tmp_path, monkeypatch,
+                                                               capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2")) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert not (tmp_path / "run").exists()

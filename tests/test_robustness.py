@@ -437,6 +437,13 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer, n_embd, mlp_ratio or \(for learned "
      r"positions\) block_size$"),
+    ("a batch too big for the machine", "train",
+     lambda d, t, g: tiny_args(d, t / "o", "--batch_size=4611686018427387904"),
+     r"batch_size=4611686018427387904 needs at least [\d,.]+ GiB for one batch's activations, more than "
+     r"the [\d,.]+ GiB here; lower it; raising gradient_accumulation_steps keeps the batch per step\n$"),
+    ("an evaluation batch too big for the machine", "train",
+     lambda d, t, g: tiny_args(d, t / "o", "--eval_batch_size=4611686018427387904"),
+     r"eval_batch_size=4611686018427387904 needs at least [\d,.]+ GiB .* GiB here; lower it\n$"),
     ("unwritable out_dir", "train", lambda d, t, g: tiny_args(d, t / "file.txt" / "o"),
      r"out_dir=.* cannot be written"),
     ("out_dir is a file", "train", lambda d, t, g: tiny_args(d, t / "file.txt"),
