@@ -287,8 +287,15 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def not_a_pipe(path: Path) -> None:
+    """Opening a named pipe or a device waits for the other end, forever if none comes."""
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise UserError(f"{path} is not a regular file (a pipe or a device); move it away")
+
+
 def append_line(path: Path, line: str) -> None:
     """Add a line to a file that grows in place (metrics.jsonl, command.txt)."""
+    not_a_pipe(path)
     try:
         with open(path, "a") as f:
             f.write(line)
@@ -314,6 +321,7 @@ def read_jsonl(path: Path) -> list[dict]:
     """The rows of a metrics.jsonl, non-finite numbers as floats again; a line cut short by a
     kill is skipped."""
     rows = []
+    not_a_pipe(Path(path))
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as e:

@@ -1257,3 +1257,16 @@ def test_a_full_disk_at_the_write_test_leaves_no_probe_file(tmp_path, monkeypatc
     with pytest.raises(UserError, match=r"cannot be written \(No space left on device\); choose another --out_dir$"):
         trainer._writable(tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+@pytest.mark.parametrize("command", [["train.py", "--resume", "--max_iters=4"], ["-m", "gpt.inspect", "run"]])
+def test_a_named_pipe_for_metrics_jsonl_is_refused_not_waited_on(command, data_dir, tmp_path):
+    good = _trained(data_dir, tmp_path)
+    (good / "metrics.jsonl").unlink()
+    os.mkfifo(good / "metrics.jsonl")
+    argv = [*command, f"--out_dir={good}"] if command[0] == "train.py" else [*command, str(good)]
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {good / 'metrics.jsonl'} is not a regular file (a pipe or a device); " \
+                          "move it away\n"
