@@ -784,7 +784,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms
     if cfg.compile:
-        model = torch.compile(model)
+        try:
+            model = torch.compile(model)
+        except OSError as e:    # its cache folder (TORCHINDUCTOR_CACHE_DIR) cannot be made
+            raise UserError(f"torch.compile failed ({e.strerror}: {e.filename}); run without --compile, "
+                            "or fix what it names") from None
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)

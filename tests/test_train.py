@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -462,6 +463,17 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
     with pytest.raises(InductorError):      # not compiling: not torch.compile's, and not hidden
         with trainer.compile_failure_in_one_line(False):
             raise InductorError("x")
+
+
+def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "file" / "cache")}
+    proc = subprocess.run([sys.executable, "train.py", *tiny_args(data_dir, tmp_path / "run", "--max_iters=2",
+                                                                  "--compile=true")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: torch.compile failed (Not a directory: {tmp_path / 'file' / 'cache'}); "
+                           "run without --compile, or fix what it names\n")
 
 
 def test_compile_with_medium_is_refused_only_where_attention_would_round():
