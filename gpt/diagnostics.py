@@ -17,6 +17,7 @@ from .console import interrupt_quietly_while_loading
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
 
+import dataclasses
 import math
 import sys
 
@@ -146,14 +147,22 @@ def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
     y = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
+    from .trainer import device_memory     # here: the trainer imports this module
+    total = device_memory("cpu")
+    shapes = {depth: GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth, n_head=n_head,
+                               n_embd=n_embd) for depth in depths}
+    for depth, shape in shapes.items():     # weights and gradients, the least it holds: more would swap
+        need = 8 * shape.num_params()
+        if total is not None and need > total:
+            raise UserError(f"--depths: a model of depth {depth} needs at least {need / 2**30:,.1f} GiB for "
+                            f"its weights and gradients, more than the {total / 2**30:,.1f} GiB here; lower "
+                            "it or --n_embd")
     rows = []
     for depth in depths:
         for residual in (True, False):
             for placement in ("pre", "post"):
                 torch.manual_seed(seed)
-                model = GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth,
-                                      n_head=n_head, n_embd=n_embd, residual=residual,
-                                      norm_placement=placement))
+                model = GPT(dataclasses.replace(shapes[depth], residual=residual, norm_placement=placement))
                 _, loss = model(x, y)
                 first = list(model.transformer.h[0].parameters())
                 grads = torch.autograd.grad(loss, first)

@@ -61,18 +61,24 @@ def keep_freed_memory() -> None:
         pass
 
 
+def device_memory(device: str) -> int | None:
+    """Bytes of memory the device has: the GPU's, or the whole machine's; None where unknown."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):     # Windows has no sysconf
+        return None
+
+
 def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
     killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
     parameter in float32), or a batch's logits and one residual stream per block, the least that
     a training step keeps for its backward pass."""
-    if torch.device(device).type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-    else:
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):     # Windows has no sysconf: no check
-            return
+    total = device_memory(device)
+    if total is None:
+        return
     n = model_cfg.num_params()
     if 16 * n > total:
         raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "

@@ -1,5 +1,6 @@
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 import train
 from conftest import tiny_args
-from gpt import inspect
+from gpt import diagnostics, inspect
 from gpt.config import GPTConfig
 from gpt.diagnostics import (attention_entropy, grad_depth, main as diagnostics_main, measure,
                              position_similarity, unigram_loss, update_ratios, whole_split_loss)
@@ -94,6 +95,17 @@ def test_grad_depth_command_prints_json(capsys):
     with pytest.raises(SystemExit):
         diagnostics_main(["grad-depth", "--depths=2", "--n_embd=18"])
     assert "n_embd=18 is not divisible by n_head=4" in capsys.readouterr().err
+
+
+def test_grad_depth_refuses_a_depth_beyond_memory_before_building_any_model(monkeypatch, capsys):
+    built = []
+    monkeypatch.setattr(diagnostics, "GPT", lambda cfg: built.append(cfg))
+    with pytest.raises(SystemExit):
+        diagnostics_main(["grad-depth", "--depths=2,1000000000"])
+    assert re.fullmatch(r"error: --depths: a model of depth 1000000000 needs at least 372,409.8 GiB for its "
+                        r"weights and gradients, more than the [\d,.]+ GiB here; lower it or --n_embd "
+                        r"\(see python -m gpt.diagnostics grad-depth --help\)\n", capsys.readouterr().err)
+    assert built == []
 
 
 def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path, capsys):
