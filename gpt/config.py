@@ -121,8 +121,9 @@ class GPTConfig:
     n_head: int = opt(6, "attention heads per block")
     n_embd: int = opt(384, "width of the residual stream")
     n_kv_head: int = opt(0, "key/value heads; 0 means n_head, fewer gives grouped-query attention")
-    dropout: float = opt(0.0, "dropout on the embeddings, the attention weights and each residual branch")
-    bias: bool = opt(True, "biases in Linear layers and LayerNorms")
+    dropout: float = opt(0.0, "dropout on the embeddings, the attention weights and each residual branch "
+                         "(sandwich: before the branch's output norm)")
+    bias: bool = opt(True, "biases in Linear layers (not the output head, as in GPT-2) and LayerNorms")
     pos_encoding: str = opt("learned", "how positions enter: learned table, fixed sinusoids "
                             "(Vaswani 2017), rotary (Su 2021), ALiBi bias (Press 2021), or none",
                             ("learned", "sinusoidal", "rope", "alibi", "none"))
@@ -132,7 +133,7 @@ class GPTConfig:
     residual: bool = opt(True, "add each sub-layer's input back to its output (x + f(...))")
     norm_type: str = opt("layernorm", "LayerNorm (Ba 2016) or RMSNorm (Zhang 2019)",
                          ("layernorm", "rmsnorm"))
-    parallel: bool = opt(False, "attention and MLP read the same normed input and their outputs are "
+    parallel: bool = opt(False, "attention and MLP read the same input and their outputs are "
                          "summed (GPT-J, PaLM): one norm per block, not one per sub-layer (sandwich: "
                          "and one on the sum)")
     qk_norm: bool = opt(False, "normalise each head's queries and keys (norm_type) before their dot "
@@ -300,7 +301,8 @@ class SampleConfig:
     max_new_tokens: int = opt(500, "tokens generated per sample")
     temperature: float = opt(0.8, "softmax temperature; 0 picks the most likely token")
     top_k: int = opt(0, "sample among the k most likely tokens (and any tied with the k-th); 0 means all")
-    top_p: float = opt(1.0, "sample among the smallest set of tokens whose probability reaches p")
+    top_p: float = opt(1.0, "sample among the smallest set of tokens whose probability reaches p (and "
+                       "any tied with the least likely of them)")
     seed: int = opt(1337, "random seed: the same seed gives the same text")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")

@@ -503,10 +503,12 @@ def pick_token(logits: torch.Tensor, temperature: float, top_k: int | None, top_
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
+        sorted_logits = torch.sort(logits, descending=True).values
         sorted_probs = sorted_logits.softmax(dim=-1)
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p
         drop[:, 0] = False      # the likeliest token, also for a top_p that rounds to 0 in float32
-        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        # tokens tied with the least likely one kept stay too, as with top_k: not one picked by sort order
+        least = sorted_logits.masked_fill(drop, float("inf")).amin(dim=-1, keepdim=True)
+        logits = logits.masked_fill(logits < least, float("-inf"))
     probs = logits.softmax(dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)

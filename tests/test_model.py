@@ -526,6 +526,36 @@ def test_sampling_draws_from_the_truncated_tempered_distribution(temperature, to
     assert all(f == 0 for f, e in zip(freq.tolist(), expected) if e == 0)
 
 
+@pytest.mark.parametrize("top_k, top_p", [(1, None), (None, 0.3)])
+def test_truncation_keeps_tokens_tied_at_its_edge(top_k, top_p):
+    from gpt.model import pick_token
+    logits = torch.tensor([[0.2, 0.4, 0.4]]).log().expand(40_000, 3)
+    tokens = pick_token(logits, 1.0, top_k, top_p, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens.flatten(), minlength=3) / tokens.numel()
+    assert freq.tolist() == pytest.approx([0, 0.5, 0.5], abs=0.01) and freq[0] == 0
+
+
+PAIRED = [({}, dict(norm_placement="post")), ({}, dict(norm_placement="sandwich")), ({}, dict(residual=False)),
+          ({}, dict(parallel=True)), ({}, dict(qk_norm=True)), ({}, dict(norm_type="rmsnorm")),
+          ({}, dict(n_head=2)), ({}, dict(scale_embeddings=True)), ({}, dict(dropout=0.1)),
+          ({}, dict(activation="relu")), ({}, dict(activation="gelu_tanh")),
+          (dict(activation="swiglu"), dict(activation="geglu"))] + [
+          (dict(pos_encoding="rope"), dict(pos_encoding=p)) for p in ("sinusoidal", "alibi", "none")]
+
+
+@pytest.mark.parametrize("one, other", PAIRED, ids=lambda flags: str(flags))
+def test_settings_that_keep_the_weights_shapes_start_from_the_same_weights(one, other):
+    """What the README promises paired ablations: one seed, the same starting weights."""
+    def weights(flags):
+        torch.manual_seed(5)
+        shape = {**dict(vocab_size=V, block_size=8, n_layer=2, n_head=4, n_embd=16), **flags}
+        return GPT(GPTConfig(**shape)).state_dict()
+    a, b = weights(one), weights(other)
+    common = [k for k in a if k in b and a[k].shape == b[k].shape]
+    assert {k for k in a if "weight" in k and "ln" not in k} <= set(common)     # all matrices and tables
+    assert all(torch.equal(a[k], b[k]) for k in common)
+
+
 def test_sampling_seed_reproduces_tokens():
     model = tiny_model()
     prompt = torch.randint(0, V, (2, 5))
