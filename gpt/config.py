@@ -151,13 +151,15 @@ class GPTConfig:
         _positive(self, "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_ratio")
         if self.n_kv_head < 0:
             raise UserError(f"n_kv_head={self.n_kv_head} must be positive, or 0 for as many as n_head")
-        if self.n_kv_head == 0:
-            self.n_kv_head = self.n_head
+        if self.n_kv_head == self.n_head:
+            # 0 whichever way it was given, so records of one model compare equal, and never
+            # resolved, so dataclasses.replace(cfg, n_head=8) does not keep cfg's count (GQA)
+            self.n_kv_head = 0
         _check_choices(self)
         if self.n_embd % self.n_head:
             raise UserError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                             f"pick n_head among the divisors of {self.n_embd}")
-        if self.n_head % self.n_kv_head:
+        if self.n_head % self.kv_heads:
             raise UserError(f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}")
         if self.pos_encoding == "rope" and (self.n_embd // self.n_head) % 2:
             raise UserError(f"pos_encoding='rope' needs an even head size, but n_embd/n_head = "
@@ -176,6 +178,11 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head for its 0."""
+        return self.n_kv_head or self.n_head
+
+    @property
     def gated(self) -> bool:
         """Whether c_fc makes two halves, one gating the other (GLU variants)."""
         return self.activation in ("swiglu", "geglu")
@@ -188,7 +195,7 @@ class GPTConfig:
 
     def num_params(self) -> int:
         """Parameters of the model this describes, shared ones once, without building it."""
-        C, H, kv = self.n_embd, self.mlp_hidden, self.n_kv_head * self.head_size
+        C, H, kv = self.n_embd, self.mlp_hidden, self.kv_heads * self.head_size
         fc = H * (2 if self.gated else 1)
         per_width = 2 if self.norm_type == "layernorm" and self.bias else 1
         norm = C * per_width

@@ -91,7 +91,7 @@ class KVCache:
     """Keys and values of the tokens seen so far, for every layer; `pos` tokens are filled."""
 
     def __init__(self, config: GPTConfig, batch: int, device, dtype):
-        shape = (config.n_layer, batch, config.n_kv_head, config.block_size, config.head_size)
+        shape = (config.n_layer, batch, config.kv_heads, config.block_size, config.head_size)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0
@@ -145,8 +145,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.n_kv_head, config.head_size
-        kv_width = 2 * config.n_kv_head * config.head_size
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_size
+        kv_width = 2 * config.kv_heads * config.head_size
         self.c_attn = nn.Linear(config.n_embd, config.n_embd + kv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout) if config.dropout else skip

@@ -412,13 +412,13 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
 
     def readings(config: dict, name: str) -> set[str]:
         """What the run's value may mean, as text: a setting whose 0 stands for another's value
-        (n_kv_head is recorded resolved, eval_batch_size as given) may follow that setting."""
+        may follow that setting."""
         v = config[name]
         if name not in STANDS_FOR:
             return {json.dumps(v)}
         source = config.get(STANDS_FOR[name])
-        # eval_batch_size is recorded as given (a sweep may pin it), n_kv_head resolved
-        follows = v == 0 if name == "eval_batch_size" else v == source
+        # runs of older code recorded n_kv_head resolved, as n_head's value
+        follows = v == 0 or (name == "n_kv_head" and v == source)
         if not follows:
             return {json.dumps(v)}
         if STANDS_FOR[name] in axes:    # across that axis, following it is one same setting

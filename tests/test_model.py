@@ -1,3 +1,4 @@
+import dataclasses
 import io
 import itertools
 import json
@@ -397,6 +398,14 @@ BAD_CONFIGS = [
     (dict(block_size=0), r"block_size=0"),
     (dict(vocab_size=0), r"vocab_size=0"),
 ]
+
+
+def test_n_kv_head_follows_a_replaced_n_head_unless_it_was_given_apart():
+    cfg = GPTConfig(vocab_size=V, n_head=4, n_embd=32)
+    assert dataclasses.replace(cfg, n_head=8).kv_heads == 8      # not grouped-query attention by stealth
+    assert GPTConfig(vocab_size=V, n_head=4, n_kv_head=4, n_embd=32) == cfg     # one model, one record
+    gqa = GPTConfig(vocab_size=V, n_head=4, n_kv_head=2, n_embd=32)
+    assert (gqa.kv_heads, dataclasses.replace(gqa, n_head=8).kv_heads) == (2, 2)
 
 
 @pytest.mark.parametrize("overrides,message", BAD_CONFIGS,

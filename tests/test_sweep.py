@@ -207,6 +207,10 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     assert sweep.odd_runs(rows, {}) == []
     rows = [row(f"n_head={h}", 1, n_head=h, n_kv_head=h) for h in (1, 2, 4)]
     assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
+    # older code recorded n_kv_head as n_head's value, this code as 0: the same setting
+    rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=h if s == 1 else 0) for h in (1, 2, 4) for s in (1, 2)]
+    assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
+    assert sweep.odd_runs([row("a", s, n_head=4, n_kv_head=4 if s == 1 else 0) for s in (1, 2, 3)], {}) == []
     # pinned by a batch_size axis, it is still compared: a run resumed with a smaller one is named
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[3]["_config"]["eval_batch_size"] = 2

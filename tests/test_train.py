@@ -194,6 +194,8 @@ def test_a_checkpoint_older_than_a_field_resumes_as_it_was_trained(data_dir, tmp
     ckpt = checkpoint.load(out / "ckpt.pt")
     for newer in ("parallel", "qk_norm"):
         del ckpt["model_config"][newer]
+    assert ckpt["model_config"]["n_kv_head"] == 0
+    ckpt["model_config"]["n_kv_head"] = ckpt["model_config"]["n_head"]   # older runs recorded it resolved
     del ckpt["train_config"]["lr_schedule"]             # older runs said decay_lr=false instead
     ckpt["train_config"].update(decay_lr=False, lr_decay_iters=5)
     checkpoint.save(ckpt, out / "ckpt.pt")
