@@ -394,7 +394,7 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "code": " ".join(codes_in(record)) or "unknown",
                "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
                            for k, v in record[section].items()},       # the run's settings, in one table
-               "_setting": setting_label(r.setting), "_evals": evals,
+               "_setting": setting_label(r.setting), "_evals": evals, "_folder": r.folder,
                "_short": ", ".join(_text(v) for v in r.setting.values()) or "base",
                "_axes": ", ".join(r.setting) or "setting"}
         rows.append(row)
@@ -445,10 +445,11 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
         (usual, most), (_, next_most) = ranked[:2]
         if most == next_most and not follows(usual):
             runs = {}
-            for options in read:
-                runs[shown_as(options)] = runs.get(shown_as(options), 0) + 1
-            split.append(f"{name} is split: " + ", ".join(
-                f"{shown(json.loads(v))} in {n}" for v, n in sorted(runs.items())))
+            for r, options in zip(have, read):
+                runs.setdefault(shown_as(options), []).append(f"{r['_setting']}__seed={r['seed']}")
+            split.append(f"{name} is split: " + ", ".join(    # a few runs named, so one can look
+                f"{shown(json.loads(v))} in {len(names)}" + (f" ({', '.join(names)})" if len(names) <= 3 else "")
+                for v, names in sorted(runs.items())))
             continue
         for r, options in zip(have, read):
             if usual not in options:
@@ -660,6 +661,10 @@ def report(out_dir: Path) -> str:
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
                   "in above: " + "; ".join(odd) + ".")
+    failed = [str(r["_folder"] / "log.txt") for r in rows if r["status"] == "failed"]
+    if failed:
+        table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "
+                  f"log.txt, and the sweep's command tries them again): " + ", ".join(failed) + ".")
     older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
     if older:
         table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "

@@ -200,7 +200,10 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     assert sweep.odd_runs(rows, {}) == ["a__seed=3: cooldown_frac=0.5 (the others 0.2)"]
     # two against two: neither is the sweep's, so both are named, in a fixed order
     rows = [row("a", 1), row("a", 2, max_iters=20), row("b", 1), row("b", 2, max_iters=20)]
-    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2, 20 in 2"]
+    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2 (a__seed=1, b__seed=1), "
+                                        "20 in 2 (a__seed=2, b__seed=2)"]
+    rows = [row("a", s, max_iters=10 if s < 5 else 20) for s in range(1, 9)]     # many: counted only
+    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 4, 20 in 4"]
     # a 0 that stands for another setting's value is that value; with that setting an axis, it varies
     rows = [row("a", 1, batch_size=4, eval_batch_size=0), row("a", 2, batch_size=4, eval_batch_size=0),
             row("a", 3, batch_size=4, eval_batch_size=4)]
@@ -351,6 +354,9 @@ def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path
     captured = capsys.readouterr()
     assert "| block_size=4000 | 0 (1 failed) | — | 0 | no result |" in captured.out
     assert "1 of 2 runs failed" in captured.err and "block_size=4000__seed=1337/log.txt" in captured.err
+    named = (f"Failed, so in no mean or curve (1; what went wrong is in each log.txt, and the sweep's "
+             f"command tries them again): {out / 'block_size=4000__seed=1337' / 'log.txt'}.")
+    assert named in captured.out and named in (out / "summary.md").read_text()
     assert "too few for block_size=4000" in (out / "block_size=4000__seed=1337" / "log.txt").read_text()
     rows = {r["block_size"]: r["status"] for r in csv.DictReader(open(out / "sweep.csv"))}
     assert rows == {"16": "finished", "4000": "failed"}
