@@ -959,6 +959,6 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             notes.append(f"ckpt.pt holds iteration {last_saved}: the evaluations after it were not finite"
                          if last_saved is not None else
                          "no evaluation after the first was finite, so nothing was saved")
-        print(f"done: {it} iterations, best val loss {best_val:.4f}; checkpoints in {out_dir}"
-              + "".join(f"; {note}" for note in notes))
+        saved = f", best val loss {best_val:.4f}; checkpoints in {out_dir}" if last_saved is not None else ""
+        print(f"done: {it} iterations{saved}" + "".join(f"; {note}" for note in notes))
     return summary
