@@ -229,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--resume: the bench times a fresh model of the settings given; give "
                             "the run's --config and options instead")
         bench = build(BenchConfig, args.values)
-        result = run(build(GPTConfig, args.values), build(TrainConfig, args.values), bench)
+        model_cfg, train_cfg = build(GPTConfig, args.values), build(TrainConfig, args.values)
+        # at once, on stderr (--json keeps stdout): a bare call times the full default model
+        print(f"timing {bench.bench_warmup} + {bench.bench_iters} steps of "
+              + (f"--config {args.config_name}" if args.config_name else "the default model (no --config)")
+              + " in a scratch folder, then its sampling", file=sys.stderr, flush=True)
+        result = run(model_cfg, train_cfg, bench)
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2

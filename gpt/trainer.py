@@ -800,6 +800,11 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
     local_steps = cfg.gradient_accumulation_steps // world
     tokens_per_iter = tokens_per_step(model_cfg, cfg)
+    if master:      # at once: a big model's first evaluation may take a while on a CPU
+        steps = cfg.max_iters - start_iter
+        print(f"training {model_cfg.num_params() / 1e6:.2f}M parameters on {device} "
+              f"({str(dtype).removeprefix('torch.')}): {steps} step{'s' * (steps != 1)} of "
+              f"{tokens_per_iter:,} tokens into {out_dir}", flush=True)
 
     stop = StopRequest()
 

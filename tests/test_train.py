@@ -80,7 +80,12 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10",
                                 "--learning_rate=3e-3")) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    said = capsys.readouterr().out
+    params = checkpoint.load_for_sampling(out)[0].num_params(non_embedding=False)
+    tokens = 4 * 16     # TINY's batch_size and block_size
+    assert said.splitlines()[0] == (f"training {params / 1e6:.2f}M parameters on cpu (float32): 30 steps of "
+                                    f"{tokens} tokens into {out}")
+    lines = [line for line in said.splitlines() if line.startswith("iter ")]
     assert "tokens/s" not in lines[0] and all(line.endswith(" tokens/s") for line in lines[1:])  # none at 0
     evals = read_metrics(out, "eval")
     assert [e["iter"] for e in evals] == [0, 10, 20, 30]
