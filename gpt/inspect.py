@@ -161,16 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m gpt.inspect")
     sub = parser.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
-    att.add_argument("--out_dir", required=True, help="run folder holding ckpt.pt")
+    run = sub.add_parser("run", help="one-page dashboard of a run's metrics")
+    for command, holding, picture in ((att, "ckpt.pt", "attention.png"), (run, "metrics.jsonl", "dashboard.png")):
+        # the folder either way: as train.py and sample.py take it, or as gpt.sweep report does
+        command.add_argument("run_dir", nargs="?", help=f"run folder holding {holding}")
+        command.add_argument("--out_dir", help="the same, given as train.py and sample.py take it")
+        command.add_argument("--out", help=f"PNG to write (default RUN_DIR/{picture})")
     att.add_argument("--start", default=DEFAULT_PROMPT,
                      help="the prompt, or FILE:path to read it from a file")
-    att.add_argument("--out", help="PNG to write (default OUT_DIR/attention.png)")
-    run = sub.add_parser("run", help="one-page dashboard of a run's metrics")
-    run.add_argument("run_dir", help="run folder holding metrics.jsonl")
-    run.add_argument("--out", help="PNG to write (default RUN_DIR/dashboard.png)")
     args = parser.parse_args(argv)
+    if (args.run_dir is None) == (args.out_dir is None):
+        (att if args.command == "attention" else run).error(
+            "give the run folder once, as RUN_DIR or as --out_dir=RUN_DIR")
     try:
-        folder = Path(user_path(*((args.out_dir, "--out_dir") if args.command == "attention"
+        folder = Path(user_path(*((args.out_dir, "--out_dir") if args.out_dir is not None
                                   else (args.run_dir, "RUN_DIR"))))
         if folder.is_file():    # a checkpoint or metrics.jsonl given for the folder holding it
             raise UserError(f"{folder} is a file, not a run folder; give {folder.parent}")

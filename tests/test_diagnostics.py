@@ -121,6 +121,11 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     assert (out / "dashboard.png").stat().st_size > 20_000
     assert inspect.main(["attention", f"--out_dir={out}", "--start=ROMEO: to be"]) == 0
     assert (out / "attention.png").stat().st_size > 20_000
+    # the folder either way, for both
+    assert inspect.main(["run", f"--out_dir={out}", f"--out={tmp_path / 'd.png'}"]) == 0
+    assert inspect.main(["attention", str(out), "--start=ROMEO: to be", f"--out={tmp_path / 'a.png'}"]) == 0
+    assert (tmp_path / "d.png").read_bytes() == (out / "dashboard.png").read_bytes()
+    assert (tmp_path / "a.png").stat().st_size > 20_000
     # the prompt from a file, as sample.py takes it
     (tmp_path / "prompt.txt").write_text("ROMEO: to be")
     assert inspect.main(["attention", f"--out_dir={out}", f"--start=FILE:{tmp_path / 'prompt.txt'}",

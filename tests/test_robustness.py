@@ -910,8 +910,11 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("command, argv, message", [
-    ("inspect", ["attention", "--bogus"], "the following arguments are required: --out_dir "
-                                          "(see python -m gpt.inspect attention --help)"),
+    ("inspect", ["attention", "--bogus"], "unrecognized arguments: --bogus (see python -m gpt.inspect --help)"),
+    ("inspect", ["run"], "give the run folder once, as RUN_DIR or as --out_dir=RUN_DIR "
+                         "(see python -m gpt.inspect run --help)"),
+    ("inspect", ["attention", "a", "--out_dir=b"], "give the run folder once, as RUN_DIR or as "
+                                                   "--out_dir=RUN_DIR (see python -m gpt.inspect attention --help)"),
     ("diagnostics", ["grad-depth", "--depths=x"], "--depths 'x' should be integers separated by commas"),
     ("diagnostics", ["grad-depth", "--seed=-1"], "seed=-1 must be in [0, 2**32)"),
     ("diagnostics", ["grad-depth", "--n_embd=100000000", "--n_head=1", "--depths=1"],
