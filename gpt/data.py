@@ -109,7 +109,7 @@ def fetch_text(input_path: Path, download_url: str) -> None:
             data = response.read()
     except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
         raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
-                        f"from {download_url} at {input_path} and run again") from None
+                        f"from {download_url} at {input_path.absolute()} and run again") from None
     tmp = input_path.with_suffix(f".part{unique()}")
     try:
         input_path.parent.mkdir(parents=True, exist_ok=True)

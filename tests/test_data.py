@@ -225,8 +225,10 @@ def test_download_failure_says_where_to_put_the_file(failure, tmp_path, monkeypa
     def offline(*a, **k):
         raise failure
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    with pytest.raises(UserError, match=r"put the file from https://\S+ at .*shakespeare_char/input.txt"):
-        ensure_prepared(str(tmp_path), "shakespeare_char")
+    monkeypatch.chdir(tmp_path)         # a relative data_dir: the message names the folder in full
+    with pytest.raises(UserError, match=r"put the file from https://\S+ at "
+                                        + re.escape(f"{tmp_path}/data/shakespeare_char/input.txt and")):
+        ensure_prepared("data", "shakespeare_char")
 
 
 def test_batches_are_shifted_windows_and_reproducible(data_dir):
