@@ -28,9 +28,13 @@ def run(argv: list[str]) -> int:
     sweeping, args = False, None
     try:
         args = parse_argv(argv)
-        sweeping = bool(args.sweep) or build(SweepConfig, args.values).seeds > 1   # built to check
+        grid = build(SweepConfig, args.values)      # built to check
+        sweeping = bool(args.sweep) or grid.seeds > 1
         if sweeping:
             return sweep.run(args, argv)
+        if grid.jobs > 1:
+            raise UserError(f"jobs={grid.jobs} runs several runs of a sweep at once, but this is one run; "
+                            "give --sweep name=a,b or --seeds=N, or leave --jobs out")
         model_cfg, train_cfg = trainer.configs_for_run(args.values)
         summary = trainer.train(model_cfg, train_cfg, argv)
     except trainer.Diverged as e:

@@ -640,6 +640,7 @@ def plot_diagnostics(rows: list[dict], path: Path) -> None:
                 ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])
         ax.set_title(f"{title} (last eval, mean over seeds)", fontsize=9)
         ax.set_xlabel("block")
+        ax.xaxis.get_major_locator().set_params(integer=True)   # blocks are whole: no 0.5 tick
         if log:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)

@@ -438,6 +438,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("a model too big for the machine", "train", lambda d, t, g: tiny_args(d, t / "o", "--n_layer=1e12"),
      r"the model has [\d,]+ parameters: training needs at least [\d,.]+ GiB .* lower n_layer, n_embd, mlp_ratio or \(for learned "
      r"positions\) block_size$"),
+    ("jobs without a sweep", "train", lambda d, t, g: tiny_args(d, t / "o", "--jobs=2"),
+     r"jobs=2 runs several runs of a sweep at once, but this is one run; give --sweep name=a,b or "
+     r"--seeds=N, or leave --jobs out\n$"),
     ("a batch too big for the machine", "train",
      lambda d, t, g: tiny_args(d, t / "o", "--batch_size=4611686018427387904"),
      r"batch_size=4611686018427387904 needs at least [\d,.]+ GiB for one batch's activations, more than "

@@ -656,3 +656,16 @@ def test_a_sweep_given_an_empty_out_dir_says_so(data_dir, tmp_path, monkeypatch,
     assert train.main(tiny_args(data_dir, tmp_path, "--out_dir=", "--sweep", "n_layer=1")) == 2
     assert capsys.readouterr().err == "error: out_dir is empty; give a folder name\n"
     assert list(tmp_path.iterdir()) == [tmp_path / "data"]
+
+
+def test_the_diagnostics_picture_marks_whole_blocks_only(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    final = {"block_grad_norm": [1.0, 0.5], "block_update_ratio": [1e-3, 2e-3], "block_rms": [1.0, 2.0],
+             "block_pos_sim": [0.5, 0.4]}
+    rows = [{"_setting": "a", "_short": "a", "_axes": "x", "seed": s, "status": "finished", "diverged": False,
+             "_evals": [final]} for s in (1, 2)]
+    sweep.plot_diagnostics(rows, tmp_path / "d.png")
+    ticks = [t for ax in saved[0].axes for t in ax.get_xticks() if 0 <= t <= 1]
+    assert ticks and all(t == int(t) for t in ticks)
