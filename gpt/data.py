@@ -15,6 +15,7 @@ import os
 import re
 import secrets
 import shlex
+import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +64,8 @@ class TiktokenTokenizer:
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except (OSError, ValueError) as e:  # network errors (requests': OSErrors) or bad files
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            first = (textwrap.shorten(str(e).strip().splitlines()[0], 160, placeholder=" ...")
+                     if str(e).strip() else type(e).__name__)     # requests' are long: cut between words
             raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first}); connect "
                             "to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that holds "
                             "them") from None
