@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         bench = build(BenchConfig, args.values)
         model_cfg, train_cfg = build(GPTConfig, args.values), build(TrainConfig, args.values)
         # at once, on stderr (--json keeps stdout): a bare call times the full default model
-        print(f"timing {bench.bench_warmup} + {bench.bench_iters} steps of "
-              + (f"--config {args.config_name}" if args.config_name else "the default model (no --config)")
-              + " in a scratch folder, then its sampling", file=sys.stderr, flush=True)
+        given = f"--config {args.config_name}" if args.config_name else "no --config: defaults for all not given"
+        print(f"timing {bench.bench_warmup} + {bench.bench_iters} steps ({given}) in a scratch folder, then "
+              "sampling", file=sys.stderr, flush=True)
         result = run(model_cfg, train_cfg, bench)
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)

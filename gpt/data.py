@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shlex
-import textwrap
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +56,15 @@ class CharTokenizer:
         return {"tokenizer": "char", "vocab_size": self.vocab_size, "chars": self.chars}
 
 
+def clipped(text: str, width: int = 160) -> str:
+    """text cut to about width characters, between words where one ends late enough (requests'
+    errors run to hundreds; a long path is kept in part)."""
+    if len(text) <= width:
+        return text
+    space = text.rfind(" ", 0, width)
+    return text[:space if space > width // 2 else width] + " ..."
+
+
 class TiktokenTokenizer:
     def __init__(self, encoding: str = "gpt2"):
         import tiktoken
@@ -64,8 +72,7 @@ class TiktokenTokenizer:
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except (OSError, ValueError) as e:  # network errors (requests': OSErrors) or bad files
-            first = (textwrap.shorten(str(e).strip().splitlines()[0], 160, placeholder=" ...")
-                     if str(e).strip() else type(e).__name__)     # requests' are long: cut between words
+            first = clipped(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
             raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first}); connect "
                             "to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that holds "
                             "them") from None

@@ -151,12 +151,12 @@ def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab
     total = device_memory("cpu")
     shapes = {depth: GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth, n_head=n_head,
                                n_embd=n_embd) for depth in depths}
-    for depth, shape in shapes.items():     # weights and gradients, the least it holds: more would swap
+    for depth, shape in shapes.items():     # each model is built while the last one still lives
         need = 8 * shape.num_params()
         if total is not None and need > total:
-            raise UserError(f"--depths: a model of depth {depth} needs at least {need / 2**30:,.1f} GiB for "
-                            f"its weights and gradients, more than the {total / 2**30:,.1f} GiB here; lower "
-                            "it or --n_embd")
+            raise UserError(f"--depths: a model of depth {depth} needs at least {need / 2**30:,.1f} GiB (8 "
+                            f"bytes a parameter), more than the {total / 2**30:,.1f} GiB here; lower it or "
+                            "--n_embd")
     rows = []
     for depth in depths:
         for residual in (True, False):

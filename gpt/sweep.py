@@ -662,8 +662,8 @@ def report(out_dir: Path) -> str:
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
                   "in above: " + "; ".join(odd) + ".")
-    failed = [str(r["_folder"] / "log.txt") for r in rows if r["status"] == "failed"]
-    if failed:
+    failed = [f"{r['_folder'].name}/log.txt" for r in rows if r["status"] == "failed"]
+    if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
         table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "
                   f"log.txt, and the sweep's command tries them again): " + ", ".join(failed) + ".")
     older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)

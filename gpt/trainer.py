@@ -74,8 +74,8 @@ def device_memory(device: str) -> int | None:
 def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
     killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
-    parameter in float32), or a batch's logits and one residual stream per block, the least that
-    a training step keeps for its backward pass."""
+    parameter in float32), or a batch's logits and residual stream (float32), with one stream per
+    block for a training step's backward pass."""
     total = device_memory(device)
     if total is None:
         return
@@ -85,10 +85,12 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
                         "positions) block_size")
-    per_token = 4 * (model_cfg.vocab_size + model_cfg.n_layer * model_cfg.n_embd)
-    for name, fix in (("batch_size", "; raising gradient_accumulation_steps keeps the batch per step"),
-                      ("eval_batch_size", "")):
-        need = getattr(cfg, name) * model_cfg.block_size * per_token
+    logits = model_cfg.vocab_size
+    for name, per_token, fix in (   # an evaluation, without gradients, keeps no block's output
+            ("batch_size", logits + model_cfg.n_layer * model_cfg.n_embd,
+             "; raising gradient_accumulation_steps keeps the batch per step"),
+            ("eval_batch_size", logits + model_cfg.n_embd, "")):
+        need = getattr(cfg, name) * model_cfg.block_size * 4 * per_token
         if need > total:
             raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "
                             f"batch's activations, more than the {total / 2**30:,.1f} GiB here; lower "
@@ -148,8 +150,9 @@ def env_int(name: str, default: int, least: int = 0) -> int:
     except ValueError:
         value = least - 1
     if value < least:
+        fix = "unset it to run one process" if name in ("RANK", "WORLD_SIZE") else "start the run with torchrun"
         raise UserError(f"{name}={text!r} in the environment is not a whole number of at least {least}; "
-                        "torchrun sets it: unset it to run one process")
+                        f"torchrun sets it: {fix}")
     return value
 
 
@@ -633,11 +636,12 @@ def _writable(out_dir: Path) -> None:
 def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
     """Train one model; returns a summary of the run (also in out_dir/metrics.jsonl)."""
     end_with_the_sweep()
-    ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    rank, world = (env_int("RANK", 0), env_int("WORLD_SIZE", 1, least=1)) if ddp else (0, 1)
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank, world = (env_int("RANK", 0), env_int("WORLD_SIZE", 1, least=1)) if launched else (0, 1)
     if rank >= world:
         raise UserError(f"RANK={rank} in the environment is not below WORLD_SIZE={world}; torchrun sets "
                         "both: unset them to run one process")
+    ddp = world > 1     # one process of one needs no process group
     if cfg.gradient_accumulation_steps % world:
         raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a "
                         f"multiple of the {world} processes")
@@ -648,10 +652,16 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         raise UserError("torchrun on an Apple GPU (mps) is not supported; run one process, or pass "
                         "--device=cpu")
     if ddp:
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        torch.distributed.init_process_group(backend=backend)
+        local_rank = env_int("LOCAL_RANK", 0)
+        try:
+            torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        except (ValueError, RuntimeError) as e:     # RANK and WORLD_SIZE left over, without torchrun
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"RANK={rank} and WORLD_SIZE={world} in the environment make this one of {world} "
+                            f"processes, but they could not connect ({first}); start the run with "
+                            "torchrun, or unset RANK and WORLD_SIZE to run one process") from None
         if device.startswith("cuda"):
-            device = f"cuda:{env_int('LOCAL_RANK', 0)}"
+            device = f"cuda:{local_rank}"
             torch.cuda.set_device(device)
     elif device.startswith("cuda:"):    # the run's GPU is the current one: no context on GPU 0
         torch.cuda.set_device(device)
@@ -775,18 +785,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if any(p.name.startswith("ckpt") for p in old):
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
-    # every version of the code that trained the run, so a sweep can tell results of older code
-    codes = (recorded_codes(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
-    config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
-                     "code": codes + [c for c in [checkpoint.code_version()] if c not in codes]}
-    metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
-    if master:
-        if cfg.resume:
-            metrics.trim(start_iter)
-        write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
-        given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
-        append_line(out_dir / "command.txt", shlex.join([*launcher(world), "train.py", *given]) + "\n")
-
+    # before the run's files are written: a start that fails here leaves the run as it was
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms
     if cfg.compile:
@@ -798,11 +797,25 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
+
+    # every version of the code that trained the run, so a sweep can tell results of older code
+    codes = (recorded_codes(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
+    config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
+                     "code": codes + [c for c in [checkpoint.code_version()] if c not in codes]}
+    metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
+    if master:
+        if cfg.resume:
+            metrics.trim(start_iter)
+        not_a_pipe(out_dir / "command.txt")     # before config.json records this start
+        write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
+        given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
+        append_line(out_dir / "command.txt", shlex.join([*launcher(world), "train.py", *given]) + "\n")
+
     local_steps = cfg.gradient_accumulation_steps // world
     tokens_per_iter = tokens_per_step(model_cfg, cfg)
     if master:      # at once: a big model's first evaluation may take a while on a CPU
         steps = cfg.max_iters - start_iter
-        print(f"training {model_cfg.num_params() / 1e6:.2f}M parameters on {device} "
+        print(f"training {model_cfg.num_params():,} parameters on {device} "
               f"({str(dtype).removeprefix('torch.')}): {steps} step{'s' * (steps != 1)} of "
               f"{tokens_per_iter:,} tokens into {out_dir}", flush=True)
 

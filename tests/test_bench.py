@@ -72,8 +72,8 @@ def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
     monkeypatch.setattr(bench, "train", stopped)
     assert bench.main(["--n_layer=1", "--n_embd=16", "--n_head=2", "--block_size=16"]) == 130
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ("timing 10 + 50 steps of the default model (no --config) in "
-                                                   "a scratch folder, then its sampling\n"
+    assert captured.out == "" and captured.err == ("timing 10 + 50 steps (no --config: defaults for all not "
+                                                   "given) in a scratch folder, then sampling\n"
                                                    "interrupted; nothing was measured\n")
 
 

@@ -92,7 +92,6 @@ def test_a_single_process_prepares_whatever_local_rank_its_environment_holds(tmp
     assert (tmp_path / "data" / "shakespeare_char" / "meta.json").exists()
 
 
-
 @pytest.mark.parametrize("env, message", [
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' in the environment is not a whole number of at least 0; "
                                        "torchrun sets it: unset it to run one process"),
@@ -108,3 +107,18 @@ def test_a_stray_torchrun_variable_stops_the_run_with_one_line(env, message, dat
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2")) == 2
     assert capsys.readouterr().err == f"error: {message}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_stray_torchrun_variables_that_parse_stop_the_run_with_one_line_or_mean_one_process(
+        data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train.main(tiny_args(data_dir, tmp_path / "two", "--max_iters=2",
+                                "--gradient_accumulation_steps=2")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: RANK=0 and WORLD_SIZE=2 in the environment make this one of 2 processes, but "
+                          "they could not connect (") and err.count("\n") == 1
+    assert err.endswith("); start the run with torchrun, or unset RANK and WORLD_SIZE to run one process\n")
+    monkeypatch.setenv("WORLD_SIZE", "1")      # one process of one: trained as one, no process group
+    assert train.main(tiny_args(data_dir, tmp_path / "one", "--max_iters=2", "--eval_interval=2")) == 0

@@ -102,8 +102,8 @@ def test_grad_depth_refuses_a_depth_beyond_memory_before_building_any_model(monk
     monkeypatch.setattr(diagnostics, "GPT", lambda cfg: built.append(cfg))
     with pytest.raises(SystemExit):
         diagnostics_main(["grad-depth", "--depths=2,1000000000"])
-    assert re.fullmatch(r"error: --depths: a model of depth 1000000000 needs at least 372,409.8 GiB for its "
-                        r"weights and gradients, more than the [\d,.]+ GiB here; lower it or --n_embd "
+    assert re.fullmatch(r"error: --depths: a model of depth 1000000000 needs at least 372,409.8 GiB \(8 "
+                        r"bytes a parameter\), more than the [\d,.]+ GiB here; lower it or --n_embd "
                         r"\(see python -m gpt.diagnostics grad-depth --help\)\n", capsys.readouterr().err)
     assert built == []
 

@@ -565,6 +565,15 @@ def test_settings_that_keep_the_weights_shapes_start_from_the_same_weights(one, 
     assert all(torch.equal(a[k], b[k]) for k in common)
 
 
+def test_an_untied_head_changes_the_token_table_alone():
+    def weights(tie):
+        torch.manual_seed(5)
+        return GPT(GPTConfig(vocab_size=V, block_size=8, n_layer=2, n_head=4, n_embd=16,
+                             tie_weights=tie)).state_dict()
+    tied, untied = weights(True), weights(False)
+    assert [k for k in tied if not torch.equal(tied[k], untied[k])] == ["transformer.wte.weight"]
+
+
 def test_sampling_seed_reproduces_tokens():
     model = tiny_model()
     prompt = torch.randint(0, V, (2, 5))

@@ -968,6 +968,15 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
                             "TIKTOKEN_CACHE_DIR to a folder that holds them")
 
 
+def test_a_long_error_is_cut_between_words_and_a_long_word_kept_in_part():
+    from gpt.data import clipped
+    assert clipped("short") == "short"
+    words = clipped("word " * 50)
+    assert words.endswith("word ...") and len(words) <= 164
+    path = clipped("[Errno 2] No such file or directory: '/home/user/.cache/" + "abcdefghij/" * 15 + "vocab.bpe'")
+    assert path.startswith("[Errno 2] No such file or directory: '/home/user/.cache/abcdefghij/") and len(path) == 164
+
+
 @pytest.mark.parametrize("command", ["train.py --help", "sample.py --help",
                                      "-m gpt.diagnostics grad-depth --depths=1"])
 def test_a_command_whose_output_is_its_product_says_when_it_cannot_write_it(command):
@@ -1283,3 +1292,17 @@ def test_a_named_pipe_for_metrics_jsonl_is_refused_not_waited_on(command, data_d
     assert proc.returncode == 2
     assert proc.stderr == f"error: {good / 'metrics.jsonl'} is not a regular file (a pipe or a device); " \
                           "move it away\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_for_command_txt_is_refused_before_the_run_records_its_start(data_dir, tmp_path):
+    good = _trained(data_dir, tmp_path)
+    (good / "command.txt").unlink()
+    os.mkfifo(good / "command.txt")
+    config = (good / "config.json").read_bytes()
+    proc = subprocess.run([sys.executable, "train.py", f"--out_dir={good}", "--resume", "--max_iters=4",
+                           "--learning_rate=5e-3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: {good / 'command.txt'} is not a regular file (a pipe or a device); " \
+                          "move it away\n"
+    assert (good / "config.json").read_bytes() == config

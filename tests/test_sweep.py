@@ -355,7 +355,7 @@ def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path
     assert "| block_size=4000 | 0 (1 failed) | — | 0 | no result |" in captured.out
     assert "1 of 2 runs failed" in captured.err and "block_size=4000__seed=1337/log.txt" in captured.err
     named = (f"Failed, so in no mean or curve (1; what went wrong is in each log.txt, and the sweep's "
-             f"command tries them again): {out / 'block_size=4000__seed=1337' / 'log.txt'}.")
+             f"command tries them again): block_size=4000__seed=1337/log.txt.")
     assert named in captured.out and named in (out / "summary.md").read_text()
     assert "too few for block_size=4000" in (out / "block_size=4000__seed=1337" / "log.txt").read_text()
     rows = {r["block_size"]: r["status"] for r in csv.DictReader(open(out / "sweep.csv"))}

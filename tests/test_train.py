@@ -83,7 +83,7 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     said = capsys.readouterr().out
     params = checkpoint.load_for_sampling(out)[0].num_params(non_embedding=False)
     tokens = 4 * 16     # TINY's batch_size and block_size
-    assert said.splitlines()[0] == (f"training {params / 1e6:.2f}M parameters on cpu (float32): 30 steps of "
+    assert said.splitlines()[0] == (f"training {params:,} parameters on cpu (float32): 30 steps of "
                                     f"{tokens} tokens into {out}")
     lines = [line for line in said.splitlines() if line.startswith("iter ")]
     assert "tokens/s" not in lines[0] and all(line.endswith(" tokens/s") for line in lines[1:])  # none at 0
@@ -473,14 +473,18 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
 
 
 def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     (tmp_path / "file").write_text("not a folder")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "file" / "cache")}
-    proc = subprocess.run([sys.executable, "train.py", *tiny_args(data_dir, tmp_path / "run", "--max_iters=2",
-                                                                  "--compile=true")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "train.py", f"--out_dir={out}", "--resume", "--max_iters=4",
+                           "--compile=true"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr == (f"error: torch.compile failed (Not a directory: {tmp_path / 'file' / 'cache'}); "
                            "run without --compile, or fix what it names\n")
+    # a start that never trained is not recorded: a sweep would take its settings for the run's
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_compile_with_medium_is_refused_only_where_attention_would_round():
