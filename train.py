@@ -3,6 +3,7 @@
 Every option is a field of gpt.config (python train.py --help lists them). With --sweep axes or
 a sweep config, runs the whole grid (see gpt.sweep)."""
 
+import signal
 import sys
 from pathlib import Path
 
@@ -54,4 +55,7 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # the run is over and said so: a late Ctrl-C must not put a traceback under it from an exit hook
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)

@@ -1306,3 +1306,15 @@ def test_a_named_pipe_for_command_txt_is_refused_before_the_run_records_its_star
     assert proc.stderr == f"error: {good / 'command.txt'} is not a regular file (a pipe or a device); " \
                           "move it away\n"
     assert (good / "config.json").read_bytes() == config
+
+
+def test_a_ctrl_c_while_train_py_exits_prints_no_traceback(data_dir, tmp_path):
+    late = tmp_path / "late.py"      # train.py run as a script, sent Ctrl-C by an exit hook
+    late.write_text("import atexit, os, runpy, signal, sys\n"
+                    "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+                    "sys.argv = ['train.py', *sys.argv[1:]]\n"
+                    "runpy.run_path('train.py', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, str(late), *tiny_args(data_dir, tmp_path / "run", "--max_iters=2")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith("done: 2 iterations")
