@@ -75,7 +75,7 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
     killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
     parameter in float32), or a batch's logits and residual stream (float32), with one stream per
-    block for a training step's backward pass."""
+    block for a backward pass (a training step's, and the diagnostics' at each evaluation)."""
     total = device_memory(device)
     if total is None:
         return
@@ -85,11 +85,10 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
                         "positions) block_size")
-    logits = model_cfg.vocab_size
-    for name, per_token, fix in (   # an evaluation, without gradients, keeps no block's output
-            ("batch_size", logits + model_cfg.n_layer * model_cfg.n_embd,
-             "; raising gradient_accumulation_steps keeps the batch per step"),
-            ("eval_batch_size", logits + model_cfg.n_embd, "")):
+    logits, streams = model_cfg.vocab_size, model_cfg.n_layer * model_cfg.n_embd
+    for name, per_token, fix in (   # an evaluation keeps no block's output, but its diagnostics do
+            ("batch_size", logits + streams, "; raising gradient_accumulation_steps keeps the batch per step"),
+            ("eval_batch_size", logits + (streams if cfg.diagnostics else model_cfg.n_embd), "")):
         need = getattr(cfg, name) * model_cfg.block_size * 4 * per_token
         if need > total:
             raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "
@@ -785,7 +784,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         if any(p.name.startswith("ckpt") for p in old):
             print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
 
-    # before the run's files are written: a start that fails here leaves the run as it was
+    # before config.json and command.txt record this start, which a failure here ends
     raw_model = model
     params = list(model.parameters())     # walking the modules each step costs 0.1 ms
     if cfg.compile:
@@ -794,9 +793,6 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         except OSError as e:    # its cache folder (TORCHINDUCTOR_CACHE_DIR) cannot be made
             raise UserError(f"torch.compile failed ({e.strerror}: {e.filename}); run without --compile, "
                             "or fix what it names") from None
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
 
     # every version of the code that trained the run, so a sweep can tell results of older code
     codes = (recorded_codes(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
@@ -810,6 +806,9 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         write_json(out_dir / "config.json", config_record)     # a sweep reads it to reuse the run
         given = argv if argv is not None else as_flags(model_cfg, cfg)     # called from Python
         append_line(out_dir / "command.txt", shlex.join([*launcher(world), "train.py", *given]) + "\n")
+    if world > 1:   # after rank 0's writes: its constructor holds the other ranks until they are done
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.device(device).index] if device_type == "cuda" else None)
 
     local_steps = cfg.gradient_accumulation_steps // world
     tokens_per_iter = tokens_per_step(model_cfg, cfg)

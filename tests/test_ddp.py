@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import re
 import shutil
@@ -50,6 +51,23 @@ def test_every_rank_ends_alike_when_a_resume_at_the_end_only_mends_the_best_copy
     assert proc.returncode == 0, "\n".join(ranks)[-3000:]
     assert proc.stdout.count("done: the run had already reached iteration 4") == 1     # rank 0 alone
     assert (out / "ckpt_best.pt").read_bytes() == (out / "ckpt.pt").read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None or not hasattr(os, "mkfifo"),
+                    reason="torchrun or named pipes are missing")
+def test_a_start_that_rank_0_refuses_gives_its_line_and_no_other_ranks_traceback(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
+                                "--gradient_accumulation_steps=2")) == 0
+    (out / "command.txt").unlink()
+    os.mkfifo(out / "command.txt")      # refused by rank 0 alone, after the others got going
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+                           f"--out_dir={out}", "--resume", "--max_iters=4", "--threads=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ranks = [line for line in proc.stderr.splitlines() if not re.match(r"[WEI]\d{4} ", line)]
+    assert proc.returncode != 0
+    assert f"error: {out / 'command.txt'} is not a regular file (a pipe or a device); move it away" in ranks
+    assert not any("gloo" in line or "Connection closed" in line for line in ranks), "\n".join(ranks)[-3000:]
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
