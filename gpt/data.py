@@ -109,13 +109,23 @@ def unique() -> str:
 
 
 def fetch_text(input_path: Path, download_url: str) -> None:
-    """Download the text to input_path unless it is there."""
+    """Download the text to input_path unless it is there, or copy it from a shipped dataset
+    beside it that has the same source (shakespeare and shakespeare_char)."""
     if input_path.exists():
         return
+    twins = [input_path.parent.parent / name / "input.txt" for name, (_, url) in DATASETS.items()
+             if url == download_url and name != input_path.parent.name]
+    data = None
+    for twin in (path for path in twins if path.is_file()):     # offline, one copy serves both
+        with contextlib.suppress(OSError):
+            data = twin.read_bytes()
+            print(f"copying {twin} -> {input_path}")
+            break
     try:
-        print(f"downloading {download_url} -> {input_path}")
-        with urllib.request.urlopen(download_url, timeout=30) as response:
-            data = response.read()
+        if data is None:
+            print(f"downloading {download_url} -> {input_path}")
+            with urllib.request.urlopen(download_url, timeout=30) as response:
+                data = response.read()
     except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
         raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                         f"from {download_url} at {input_path.absolute()} and run again") from None

@@ -977,5 +977,5 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                          if last_saved is not None else
                          "no evaluation after the first was finite, so nothing was saved")
         saved = f", best val loss {best_val:.4f}; checkpoints in {out_dir}" if last_saved is not None else ""
-        print(f"done: {it} iterations{saved}" + "".join(f"; {note}" for note in notes))
+        print(f"done: {it} iteration{'s' * (it != 1)}{saved}" + "".join(f"; {note}" for note in notes))
     return summary

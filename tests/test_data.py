@@ -231,6 +231,23 @@ def test_download_failure_says_where_to_put_the_file(failure, tmp_path, monkeypa
         ensure_prepared("data", "shakespeare_char")
 
 
+def test_a_shipped_dataset_copies_its_text_from_a_twin_of_the_same_source(tmp_path, monkeypatch, capsys):
+    import urllib.request
+    from gpt.data import DATASETS, fetch_text
+
+    def offline(*a, **k):
+        raise OSError("no network")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    url = DATASETS["shakespeare"][1]
+    (tmp_path / "shakespeare_char").mkdir()
+    (tmp_path / "shakespeare_char" / "input.txt").write_text("First Citizen:\n")
+    fetch_text(tmp_path / "shakespeare" / "input.txt", url)
+    assert (tmp_path / "shakespeare" / "input.txt").read_text() == "First Citizen:\n"
+    assert "copying" in capsys.readouterr().out
+    with pytest.raises(UserError, match="could not download the text"):    # no twin: a download
+        fetch_text(tmp_path / "other" / "shakespeare" / "input.txt", url)
+
+
 def test_batches_are_shifted_windows_and_reproducible(data_dir):
     b1 = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
     b2 = Batches(data_dir / "tiny", 16, 4, "cpu", seed=3)
