@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, TrainConfig, UserError, build, saved_problem
+from .config import GPTConfig, TrainConfig, UserError, build, first_line, saved_problem
 from .model import GPT, weights_mismatch
 
 FORMAT = "gpt-checkpoint-1"
@@ -93,7 +93,7 @@ def _not_saved(path: Path, tmp: Path, e: Exception) -> UserError:
     with contextlib.suppress(OSError):
         tmp.unlink(missing_ok=True)     # half a file would only take more of the space
     cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
-    reason = cause.strerror if cause is not None and cause.strerror else str(e).splitlines()[0][:200]
+    reason = cause.strerror if cause is not None and cause.strerror else first_line(e)
     kept = f"the {path.name} from before is unchanged" if path.exists() else f"no {path.name} was written"
     return UserError(f"cannot save {path} ({reason}); {kept}")
 
@@ -155,7 +155,7 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
                             "loaded: only tensors and plain values are allowed") from None
         raise UserError(_broken(path)) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise UserError(_broken(path, str(e).splitlines()[0] if str(e) else type(e).__name__)) from None
+        raise UserError(_broken(path, first_line(e))) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"{path} is not a checkpoint of this project (no '{FORMAT}' marker)")
     missing = [k for k in needs if k not in ckpt]

@@ -28,6 +28,18 @@ class UserError(ValueError):
     """A mistake in what the user asked for; scripts print it as one line and exit 2."""
 
 
+def first_line(error: BaseException, width: int = 160) -> str:
+    """What a library's error says, for one line of ours: its first line (or its type's name),
+    cut to about width characters between words where one ends late enough (requests' errors run
+    to hundreds; a long path is kept in part)."""
+    text = str(error).strip()
+    text = text.splitlines()[0] if text else type(error).__name__
+    if len(text) <= width:
+        return text
+    space = text.rfind(" ", 0, width)
+    return text[:space if space > width // 2 else width] + " ..."
+
+
 def opt(default, help: str, choices: tuple[str, ...] | None = None, given_by: str | None = None):
     """A config field; `given_by` names where its value comes from when no command may set it."""
     meta = {"help": help}

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import UserError, user_path
+from .config import UserError, first_line, user_path
 
 PIECE = 1 << 20     # characters of a text file read at a time while preparing it
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
@@ -56,15 +56,6 @@ class CharTokenizer:
         return {"tokenizer": "char", "vocab_size": self.vocab_size, "chars": self.chars}
 
 
-def clipped(text: str, width: int = 160) -> str:
-    """text cut to about width characters, between words where one ends late enough (requests'
-    errors run to hundreds; a long path is kept in part)."""
-    if len(text) <= width:
-        return text
-    space = text.rfind(" ", 0, width)
-    return text[:space if space > width // 2 else width] + " ..."
-
-
 class TiktokenTokenizer:
     def __init__(self, encoding: str = "gpt2"):
         import tiktoken
@@ -72,8 +63,7 @@ class TiktokenTokenizer:
         try:
             self.enc = tiktoken.get_encoding(encoding)
         except (OSError, ValueError) as e:  # network errors (requests': OSErrors) or bad files
-            first = clipped(str(e).strip().splitlines()[0]) if str(e).strip() else type(e).__name__
-            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first}); connect "
+            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first_line(e)}); connect "
                             "to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that holds "
                             "them") from None
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig, UserError
+from .config import GPTConfig, UserError, first_line
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 from .precision import cpu_rounds_matmuls, exact_cpu_matmuls
 
@@ -405,8 +405,7 @@ class GPT(nn.Module):
                 folder = Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors",
                                                                       "pytorch_model.bin"]))
             except Exception as e:      # the hub's errors have no common base worth naming
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first}") from None
+                raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first_line(e)}") from None
         config = gpt2_config(folder / "config.json")
         if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
             raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin to load")

@@ -29,7 +29,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import GPTConfig, TrainConfig, UserError, build, shown
+from .config import GPTConfig, TrainConfig, UserError, build, first_line, shown
 from .console import NONFINITE, to_json
 from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics
@@ -123,9 +123,7 @@ def compile_failure_in_one_line(compiling: bool):
     except Exception as e:
         if not compiling or not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
             raise
-        text = str(e).strip()
-        first = text.splitlines()[0][:200] if text else type(e).__name__
-        raise UserError(f"torch.compile failed ({first}); run without --compile, or fix what it "
+        raise UserError(f"torch.compile failed ({first_line(e)}); run without --compile, or fix what it "
                         "names") from None
 
 
@@ -398,7 +396,7 @@ def start_wandb(cfg: TrainConfig, config: dict):
         return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
                           config=config, dir=cfg.out_dir)
     except Exception as e:
-        print(f"warning: wandb could not start ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+        print(f"warning: wandb could not start ({first_line(e)}); "
               "training goes on without it", file=sys.stderr)
         return None
 
@@ -655,9 +653,8 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         try:
             torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
         except (ValueError, RuntimeError) as e:     # RANK and WORLD_SIZE left over, without torchrun
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UserError(f"RANK={rank} and WORLD_SIZE={world} in the environment make this one of {world} "
-                            f"processes, but they could not connect ({first}); start the run with "
+                            f"processes, but they could not connect ({first_line(e)}); start the run with "
                             "torchrun, or unset RANK and WORLD_SIZE to run one process") from None
         if device.startswith("cuda"):
             device = f"cuda:{local_rank}"

@@ -969,11 +969,12 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
 
 
 def test_a_long_error_is_cut_between_words_and_a_long_word_kept_in_part():
-    from gpt.data import clipped
-    assert clipped("short") == "short"
-    words = clipped("word " * 50)
+    from gpt.config import first_line
+    assert first_line(OSError("short\nand more")) == "short" and first_line(OSError()) == "OSError"
+    words = first_line(OSError("word " * 50))
     assert words.endswith("word ...") and len(words) <= 164
-    path = clipped("[Errno 2] No such file or directory: '/home/user/.cache/" + "abcdefghij/" * 15 + "vocab.bpe'")
+    path = first_line(OSError("[Errno 2] No such file or directory: '/home/user/.cache/" + "abcdefghij/" * 15
+                              + "vocab.bpe'"))
     assert path.startswith("[Errno 2] No such file or directory: '/home/user/.cache/abcdefghij/") and len(path) == 164
 
 
