@@ -14,8 +14,10 @@ attention's exact CPU matmuls flip only the CPU backend's setting, which keeps t
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+import torch.nn.functional as F
 
 
 @contextlib.contextmanager
@@ -36,7 +38,17 @@ def matmul_precision(level: str, device_type: str):
 
 
 def cpu_rounds_matmuls() -> bool:
-    return torch.backends.mkldnn.matmul.fp32_precision == "bf16"
+    """Whether float32 matmuls on this CPU are rounded now: the setting asks for it and the CPU
+    does it. torch rounds only where oneDNN has bfloat16 matmul units (AMX); elsewhere, an AMD EPYC
+    with AVX-512 BF16 included, `medium` leaves them exact."""
+    return torch.backends.mkldnn.matmul.fp32_precision == "bf16" and _rounding_takes_effect()
+
+
+@functools.cache
+def _rounding_takes_effect() -> bool:
+    # asked only while the setting is bf16; 1 + 2**-9 is exact in float32 and 1.0 in bfloat16
+    x = torch.full((64, 128), 1 + 2**-9)
+    return bool((F.linear(x, torch.ones(256, 128)) != 128 * (1 + 2**-9)).any())
 
 
 @contextlib.contextmanager

@@ -42,3 +42,11 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
     given = {token.removeprefix("--sweep=").removeprefix("--").split("=")[0] for token in extra}
     tiny = [a for a in TINY if a[2:].split("=")[0] not in given]
     return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *tiny, *extra]
+
+
+@pytest.fixture
+def cpu_rounds_when_asked(monkeypatch):
+    """As on a CPU with AMX, matmul_precision=medium counts as rounding whatever this CPU does, so
+    that tests of where the setting reaches, and of attention's exact detour, run on every CPU."""
+    import gpt.precision
+    monkeypatch.setattr(gpt.precision, "_rounding_takes_effect", lambda: True)

@@ -79,7 +79,7 @@ def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
 
 @pytest.mark.parametrize("precision", ["high", "medium"])
 def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision_and_sampling_at_the_callers(
-        data_dir, tmp_path, capsys, monkeypatch, precision):
+        data_dir, tmp_path, capsys, monkeypatch, precision, cpu_rounds_when_asked):
     rates, sampled_at = [], []
     monkeypatch.setattr(bench, "peak_flops", lambda *a: rates.append(cpu_rounds_matmuls()) or (1e12, "measured float32 matmul"))
     sampling = bench.time_sampling

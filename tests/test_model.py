@@ -667,21 +667,21 @@ def test_generate_refuses_bad_arguments_in_one_line(kwargs, message):
 
 
 @pytest.fixture
-def medium():
+def medium(cpu_rounds_when_asked):
     with matmul_precision("medium", "cpu"):
         yield
 
 
-def test_medium_rounds_a_cpus_linear_layers_where_it_can(medium):
-    # else the exactness tests below could not fail here
-    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)   # absent without oneDNN
-    if not (torch.backends.mkldnn.is_available() and supported and supported()):
-        pytest.skip("no bfloat16 matmuls on this CPU or build")
+def test_cpu_rounds_matmuls_says_whether_medium_rounds_linear_layers():
+    # torch rounds only on CPUs with AMX: elsewhere attention need not take its exact detour
+    torch.manual_seed(0)
     x, w = torch.randn(64, 128), torch.randn(256, 128)
-    rounded = F.linear(x, w)
-    with exact_cpu_matmuls():
-        exact = F.linear(x, w)
-    assert not torch.equal(rounded, exact)
+    with matmul_precision("medium", "cpu"):
+        rounded = F.linear(x, w)
+        with exact_cpu_matmuls():
+            exact = F.linear(x, w)
+            assert not cpu_rounds_matmuls()
+        assert cpu_rounds_matmuls() == (not torch.equal(rounded, exact))
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bias"])
@@ -756,7 +756,7 @@ CALLER_SETTINGS = {
 
 
 @pytest.mark.parametrize("caller", CALLER_SETTINGS)
-def test_runs_put_back_every_precision_setting_they_found(caller):
+def test_runs_put_back_every_precision_setting_they_found(caller, cpu_rounds_when_asked):
     try:
         for what, value in CALLER_SETTINGS[caller]:
             if what == "level":
