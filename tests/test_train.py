@@ -289,7 +289,7 @@ def test_a_resume_that_scores_other_windows_scores_both_checkpoints_again(data_d
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
     # the state at iteration 4 made worse than that at 2, which stays ckpt_best.pt
-    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--learning_rate=30",
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--learning_rate=3",
                        "--warmup_iters=0"]) == 0
     assert checkpoint.load(out / "ckpt_best.pt")["iter"] == 2
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=1",
@@ -348,7 +348,7 @@ def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_fini
 
 def test_a_resume_that_scores_other_windows_when_no_ckpt_best_was_saved(data_dir, tmp_path, capsys):
     out = tmp_path / "run"      # diverging: iteration 0 is the best, and it is never saved
-    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=30",
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=3",
                                 "--warmup_iters=0")) == 0
     assert checkpoint.load(out / "ckpt.pt")["best_iter"] == 0 and not (out / "ckpt_best.pt").exists()
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=3"]) == 0
@@ -426,7 +426,8 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
 
 @pytest.mark.parametrize("precision, rounds", [("medium", True), ("highest", False)])
 def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch,
-                                                                           precision, rounds):
+                                                                           precision, rounds,
+                                                                           cpu_rounds_when_asked):
     seen = []
     # torch.compile's own code reads the level back through torch's getter: it must not raise
     monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(
