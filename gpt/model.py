@@ -278,6 +278,7 @@ class GPT(nn.Module):
             table = sinusoidal_table(config.block_size, config.n_embd) * (0.02 * math.sqrt(2))
             self.register_buffer("pos_table", table, persistent=False)
         self._init_weights()
+        self._lay_out_weights()
 
     def _init_weights(self):
         # GPT-2: N(0, 0.02) everywhere; the projections that write into the residual stream are
@@ -290,6 +291,18 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+
+    def _lay_out_weights(self):
+        # A Linear's weight is (out, in) and multiplies as its transpose. The layers that widen
+        # (c_attn, c_fc, an untied head over more tokens than n_embd) keep it stored as that
+        # transpose, contiguous: a one-token sampling step, a matrix-vector product per layer,
+        # then reads memory in order, about twice as fast on a CPU (a 384-to-1536 c_fc, 250 against
+        # 125 us); a narrowing layer is faster as it is. Values, training speed and gradients do
+        # not change (a weight's gradient takes its layout), and state dicts load either way.
+        for module in self.modules():
+            if (isinstance(module, nn.Linear) and module.out_features > module.in_features
+                    and module.weight is not self.transformer.wte.weight):
+                module.weight.data = module.weight.data.t().contiguous().t()
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, shared ones counted once; non_embedding leaves out the position table and

@@ -821,6 +821,34 @@ def test_dropout_acts_in_every_block_part_only_when_set():
     assert torch.equal(model(idx)[0], model.eval()(idx)[0])
 
 
+def test_widening_weights_are_stored_transposed_and_no_result_changes():
+    # a layout for sampling speed: the weights' values, outputs and gradients are those of
+    # row-major weights, a weight's gradient has its layout, and row-major state dicts load
+    model = tiny_model(tie_weights=False, vocab_size=40)          # a head that widens 16 to 40
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    widening = [m.weight for m in linears if m.out_features > m.in_features]
+    assert len(widening) == 5 and all(w.t().is_contiguous() for w in widening)
+    assert all(m.weight.is_contiguous() for m in linears if m.out_features <= m.in_features)
+    plain = tiny_model(tie_weights=False, vocab_size=40)
+    for m in plain.modules():
+        if isinstance(m, nn.Linear):
+            m.weight.data = m.weight.data.contiguous()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain.parameters()))
+    idx = torch.randint(0, 40, (3, BLOCK))
+    (_, loss), (_, plain_loss) = model.train()(idx, idx), plain.train()(idx, idx)
+    loss.backward()
+    plain_loss.backward()
+    torch.testing.assert_close(loss, plain_loss)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+        assert p.grad.stride() == p.stride()
+    fresh = tiny_model(seed=1, tie_weights=False, vocab_size=40)
+    fresh.load_state_dict(plain.state_dict())
+    assert all(m.weight.t().is_contiguous() for m in fresh.modules()
+               if isinstance(m, nn.Linear) and m.out_features > m.in_features)
+    torch.testing.assert_close(fresh(idx)[0], model(idx)[0])
+
+
 def test_generated_text_can_be_trained_on():
     # tokens are chosen under inference_mode; what generate returns must be an ordinary tensor,
     # which a training step may save for backward and a caller may change in place
