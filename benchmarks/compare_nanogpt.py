@@ -81,11 +81,14 @@ def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool
     rss_of = {name: [] for name in ms_of}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
-            ms, _, rss, _ = nanogpt_train(path, iters, ["--eval_interval=100000"])
-            ms_of["nanogpt"].append(statistics.median(ms))
-            rss_of["nanogpt"].append(rss)
-            for arm, args in arms.items():
-                ms, _, rss, _ = our_train(Path(tmp) / f"{arm}{r}", args)
+            # who goes first swaps each round, so a machine slowing down or speeding up over a
+            # round does not always favour the same program
+            order = ["nanogpt", *arms] if r % 2 == 0 else [*arms, "nanogpt"]
+            for arm in order:
+                if arm == "nanogpt":
+                    ms, _, rss, _ = nanogpt_train(path, iters, ["--eval_interval=100000"])
+                else:
+                    ms, _, rss, _ = our_train(Path(tmp) / f"{arm}{r}", arms[arm])
                 ms_of[arm].append(statistics.median(ms))
                 rss_of[arm].append(rss)
     med = {name: statistics.median(values) for name, values in ms_of.items()}
@@ -95,7 +98,11 @@ def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool
     for arm in arms:
         result.update({f"{arm}_ms_per_iter": med[arm], f"{arm}_tokens_per_sec": tokens / med[arm] * 1000,
                        f"{arm}_peak_rss_mb": max(rss_of[arm]),
-                       f"throughput_ratio{arm.removeprefix('ours')}": med["nanogpt"] / med[arm]})
+                       f"throughput_ratio{arm.removeprefix('ours')}": med["nanogpt"] / med[arm],
+                       # the ratio within each round, whose runs were seconds apart, then its median:
+                       # steadier than the ratio of medians when the machine's speed drifts for minutes
+                       f"paired_ratio{arm.removeprefix('ours')}": statistics.median(
+                           n / m for n, m in zip(ms_of["nanogpt"], ms_of[arm]))})
     return result
 
 
