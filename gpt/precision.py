@@ -1,11 +1,12 @@
 """Float32 matmul precision, the `matmul_precision` training option.
 
-The levels are torch's (torch.set_float32_matmul_precision), with one change: on a CPU `high`
-is exact, as a CPU run's arithmetic always was here, so only `medium` rounds there:
+The levels are torch's (torch.set_float32_matmul_precision), with two changes for a CPU: `high`
+is exact, as a CPU run's arithmetic always was here, and `medium` rounds only where it can:
 
     highest  exact float32
     high     a CUDA GPU may use TF32 (nanoGPT's GPU setting); a CPU stays exact
-    medium   a CPU with AMX rounds matmul inputs to bfloat16, summing in float32 (CUDA: TF32)
+    medium   a CPU with AMX rounds matmul inputs to bfloat16, summing in float32 (CUDA: TF32);
+             another CPU stays exact
 
 The level is set through torch's process-wide setter, which torch.compile's own code reads back;
 attention's exact CPU matmuls flip only the CPU backend's setting, which keeps that reading valid.
@@ -29,7 +30,8 @@ def matmul_precision(level: str, device_type: str):
     except RuntimeError:        # the backends' settings contradict the level; they are put back below
         before = "highest"
     backends = torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
-    torch.set_float32_matmul_precision("highest" if device_type == "cpu" and level == "high" else level)
+    exact_cpu = device_type == "cpu" and (level == "high" or level == "medium" and not cpu_can_round())
+    torch.set_float32_matmul_precision("highest" if exact_cpu else level)
     try:
         yield
     finally:
@@ -38,17 +40,18 @@ def matmul_precision(level: str, device_type: str):
 
 
 def cpu_rounds_matmuls() -> bool:
-    """Whether float32 matmuls on this CPU are rounded now: the setting asks for it and the CPU
-    does it. torch rounds only where oneDNN has bfloat16 matmul units (AMX); elsewhere, an AMD EPYC
-    with AVX-512 BF16 included, `medium` leaves them exact."""
-    return torch.backends.mkldnn.matmul.fp32_precision == "bf16" and _rounding_takes_effect()
+    return torch.backends.mkldnn.matmul.fp32_precision == "bf16"
 
 
 @functools.cache
-def _rounding_takes_effect() -> bool:
-    # asked only while the setting is bf16; 1 + 2**-9 is exact in float32 and 1.0 in bfloat16
-    x = torch.full((64, 128), 1 + 2**-9)
-    return bool((F.linear(x, torch.ones(256, 128)) != 128 * (1 + 2**-9)).any())
+def cpu_can_round() -> bool:
+    """Whether this CPU rounds float32 matmul inputs to bfloat16 when asked: oneDNN does on AMX.
+    Elsewhere (an AMD EPYC with AVX-512 BF16 included) torch leaves linear layers exact but slows
+    SDPA's kernel down, so `medium` is not asked for there."""
+    with exact_cpu_matmuls():
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        x = torch.full((64, 128), 1 + 2**-9)        # exact in float32, 1.0 in bfloat16
+        return bool((F.linear(x, torch.ones(256, 128)) != 128 * (1 + 2**-9)).any())
 
 
 @contextlib.contextmanager

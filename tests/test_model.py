@@ -673,7 +673,7 @@ def medium(cpu_rounds_when_asked):
 
 
 def test_cpu_rounds_matmuls_says_whether_medium_rounds_linear_layers():
-    # torch rounds only on CPUs with AMX: elsewhere attention need not take its exact detour
+    # torch rounds only on CPUs with AMX; elsewhere medium is not asked for: SDPA slows down under it
     torch.manual_seed(0)
     x, w = torch.randn(64, 128), torch.randn(256, 128)
     with matmul_precision("medium", "cpu"):
