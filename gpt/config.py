@@ -234,7 +234,7 @@ class TrainConfig:
     matmul_precision: str = opt("high", "float32 matmuls while training: highest is exact; high lets "
                                 "CUDA use TF32 (a CPU stays exact); medium also lets a CPU with AMX "
                                 "round their inputs to bfloat16, summing in float32: 1.2-1.5x faster "
-                                "steps there", ("highest", "high", "medium"))
+                                "steps there; other CPUs stay exact", ("highest", "high", "medium"))
     compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
     threads: int = opt(0, "CPU threads for torch during the run; 0 keeps the current count")
     flush_denormal: bool = opt(True, "CPU: treat subnormal floats as zero; saturated attention makes "
