@@ -298,7 +298,8 @@ class GPT(nn.Module):
         # transpose, contiguous: a one-token sampling step, a matrix-vector product per layer,
         # then reads memory in order, about twice as fast on a CPU (a 384-to-1536 c_fc, 250 against
         # 125 us); a narrowing layer is faster as it is. Values, training speed and gradients do
-        # not change (a weight's gradient takes its layout), and state dicts load either way.
+        # not change (a weight's gradient takes its layout), and state dicts load either way; code
+        # that wants contiguous tensors (safetensors' save_file, .view) needs .contiguous() first.
         for module in self.modules():
             if (isinstance(module, nn.Linear) and module.out_features > module.in_features
                     and module.weight is not self.transformer.wte.weight):

@@ -3,6 +3,7 @@ import io
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 
 from gpt.config import GPTConfig, UserError
 from gpt.model import GPT, CausalSelfAttention, KVCache, attention
-from gpt.precision import cpu_rounds_matmuls, exact_cpu_matmuls, matmul_precision
+from gpt.precision import cpu_can_round, cpu_rounds_matmuls, exact_cpu_matmuls, matmul_precision
 from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
@@ -682,6 +683,9 @@ def test_cpu_rounds_matmuls_says_whether_medium_rounds_linear_layers():
             exact = F.linear(x, w)
             assert not cpu_rounds_matmuls()
         assert cpu_rounds_matmuls() == (not torch.equal(rounded, exact))
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "amx_bf16" in cpuinfo.read_text():
+        assert cpu_can_round()      # where torch does round, medium must ask for it
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bias"])

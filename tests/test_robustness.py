@@ -606,7 +606,8 @@ def _foreign(tmp_path):
 
 
 @pytest.mark.parametrize("name, script, argv, message", ERRORS, ids=[e[0] for e in ERRORS])
-def test_bad_input_gets_one_line_and_loses_nothing(name, script, argv, message, data_dir, tmp_path, capsys):
+def test_bad_input_gets_one_line_and_loses_nothing(name, script, argv, message, data_dir, tmp_path, capsys,
+                                                   cpu_rounds_when_asked):
     (tmp_path / "file.txt").write_text("not a folder")
     good = _trained(data_dir, tmp_path)
     before = {p.name: p.read_bytes() for p in good.iterdir()}

@@ -27,7 +27,7 @@ def test_grid_expansion_and_run_names(tmp_path):
                                                                          "base__seed=2"]
 
 
-def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys):
+def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys, cpu_rounds_when_asked):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_head=2,3")) == 2
     assert "n_embd=16 is not divisible by n_head=3" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from gpt import checkpoint
 from gpt.config import GPTConfig, TrainConfig, UserError, shown
 from gpt.data import Batches
 from gpt import model as model_module
+from gpt import precision as precision_module
 from gpt.model import GPT, attention
 from gpt.precision import cpu_rounds_matmuls, matmul_precision
 from gpt import trainer
@@ -496,13 +497,16 @@ def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
-def test_compile_with_medium_is_refused_only_where_attention_would_round():
+def test_compile_with_medium_is_refused_only_where_attention_would_round(monkeypatch):
     def refused(**settings):
         try:
             check_compile(TrainConfig(compile=True, **settings), "cpu" if "device" not in settings else settings["device"])
         except UserError:
             return True
         return False
+    monkeypatch.setattr(precision_module, "cpu_can_round", lambda: False)   # medium is exact there
+    assert not refused(matmul_precision="medium")
+    monkeypatch.setattr(precision_module, "cpu_can_round", lambda: True)
     assert refused(matmul_precision="medium")
     assert not refused(matmul_precision="high")
     assert not refused(matmul_precision="medium", dtype="bfloat16")    # attention gets bfloat16 anyway
