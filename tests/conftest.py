@@ -1,4 +1,5 @@
 import random
+import signal
 import sys
 from pathlib import Path
 
@@ -6,6 +7,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
+
+# A test run started in the background by a shell without job control (`pytest &` in a script)
+# inherits SIGINT ignored, as would the scripts it starts, and then no Ctrl-C test could pass
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from gpt.data import prepare  # noqa: E402
 
