@@ -297,7 +297,7 @@ class GPT(nn.Module):
         # (c_attn, c_fc, an untied head over more tokens than n_embd) keep it stored as that
         # transpose, contiguous: a one-token sampling step, a matrix-vector product per layer,
         # then reads memory in order, about twice as fast on a CPU (a 384-to-1536 c_fc, 250 against
-        # 125 us); a narrowing layer is faster as it is. Values, training speed and gradients do
+        # 128 us); a narrowing layer is faster as it is. Values, training speed and gradients do
         # not change (a weight's gradient takes its layout), and state dicts load either way; code
         # that wants contiguous tensors (safetensors' save_file, .view) needs .contiguous() first.
         for module in self.modules():

@@ -48,7 +48,7 @@ def cpu_can_round() -> bool:
     """Whether this CPU rounds float32 matmul inputs to bfloat16 when asked: oneDNN does on AMX.
     Elsewhere (an AMD EPYC with AVX-512 BF16 included) torch leaves linear layers exact but slows
     SDPA's kernel down, so `medium` is not asked for there."""
-    with exact_cpu_matmuls():
+    with exact_cpu_matmuls(), torch.autocast("cpu", enabled=False):     # the answer is cached
         torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         x = torch.full((64, 128), 1 + 2**-9)        # exact in float32, 1.0 in bfloat16
         return bool((F.linear(x, torch.ones(256, 128)) != 128 * (1 + 2**-9)).any())
