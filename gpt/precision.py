@@ -30,13 +30,20 @@ def matmul_precision(level: str, device_type: str):
     except RuntimeError:        # the backends' settings contradict the level; they are put back below
         before = "highest"
     backends = torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
-    exact_cpu = device_type == "cpu" and (level == "high" or level == "medium" and not cpu_can_round())
-    torch.set_float32_matmul_precision("highest" if exact_cpu else level)
+    torch.set_float32_matmul_precision(torch_level(level, device_type))
     try:
         yield
     finally:
         torch.set_float32_matmul_precision(before)
         torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = backends
+
+
+def torch_level(level: str, device_type: str) -> str:
+    """The level torch is set to for a run at `level`: a CPU stays exact at high, and at medium
+    where it cannot round."""
+    if device_type == "cpu" and (level == "high" or level == "medium" and not cpu_can_round()):
+        return "highest"
+    return level
 
 
 def cpu_rounds_matmuls() -> bool:
