@@ -133,10 +133,18 @@ class _ExactAttention(torch.autograd.Function):
 
 
 def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Tensor:
-    # torch.compile cannot trace the check; it makes its own attention kernels anyway
-    if (not torch.compiler.is_compiling() and q.device.type == "cpu" and q.dtype == torch.float32
-            and cpu_rounds_matmuls()):
-        return _ExactAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
+    # torch.compile cannot trace the checks; it makes its own attention kernels anyway
+    if not torch.compiler.is_compiling() and q.device.type == "cpu":
+        if q.dtype != torch.float32:
+            # SDPA's CPU kernel in bfloat16 took 3.6x as long as in float32 going backward (1.42
+            # against 0.39 ms for a layer of the fast config), more than the linear layers gain
+            with torch.autocast("cpu", enabled=False):
+                y = attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal)
+            return y.to(q.dtype)
+        if cpu_rounds_matmuls():
+            return _ExactAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(q.dtype)       # float32 as made; SDPA wants the queries' dtype
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                           is_causal=is_causal)
 
@@ -193,7 +201,7 @@ class CausalSelfAttention(nn.Module):
         # without ALiBi or cached keys, SDPA's causal kernel needs no mask and is the fastest path
         fast_causal = self.slopes is None and start == 0
         bias = None if fast_causal else self._bias(start, T, x.device)
-        y = attention(q, k, v, None if bias is None else bias.to(q.dtype), dropout, fast_causal)
+        y = attention(q, k, v, bias, dropout, fast_causal)
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
             with torch.no_grad(), exact_cpu_matmuls():
                 bias = self._bias(start, T, x.device) if fast_causal else bias
