@@ -1,6 +1,6 @@
 """Measure this project beside nanoGPT on the same machine, in the same run.
 
-    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--compiled] [--medium] [--json FILE]
+    python benchmarks/compare_nanogpt.py --nanogpt PATH [--rounds 3] [--quality_rounds 2] [--compiled] [--medium] [--bf16] [--json FILE]
     python benchmarks/compare_nanogpt.py --whole_val out/NAME/ckpt.pt [...]
 
 PATH is a checkout of github.com/karpathy/nanoGPT (the figures in README.md used commit 3adf61e).
@@ -69,14 +69,15 @@ def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float
     return ms, wall, rss, rows
 
 
-def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool) -> dict:
+def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool, bf16: bool) -> dict:
     """nanoGPT's recipe uncompiled, as its README runs it on a CPU; ours as it is and, with
     compiled, also with --compile=true (its compilation, in the first step, is left out), with
-    medium also with --matmul_precision=medium."""
+    medium also with --matmul_precision=medium, with bf16 also with --dtype=bfloat16."""
     ours_args = ["--config", "shakespeare_char", *RECIPE, "--bias=false", f"--max_iters={iters}",
                  f"--eval_interval={iters}", "--threads=0"]
     arms = {"ours": ours_args, **({"ours_compiled": [*ours_args, "--compile=true"]} if compiled else {}),
-            **({"ours_medium": [*ours_args, "--matmul_precision=medium"]} if medium else {})}
+            **({"ours_medium": [*ours_args, "--matmul_precision=medium"]} if medium else {}),
+            **({"ours_bf16": [*ours_args, "--dtype=bfloat16"]} if bf16 else {})}
     ms_of = {"nanogpt": [], **{arm: [] for arm in arms}}
     rss_of = {name: [] for name in ms_of}
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,6 +195,7 @@ def main() -> int:
                         help="throughput: also time ours with --compile=true")
     parser.add_argument("--medium", action="store_true",
                         help="throughput: also time ours with --matmul_precision=medium")
+    parser.add_argument("--bf16", action="store_true", help="throughput: also time ours with --dtype=bfloat16")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: "
                                                    "throughput,quality,sampling")
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -227,7 +229,7 @@ def main() -> int:
                      "(the first iterations are left out of the median)")
     result = {}
     if "throughput" not in skip:
-        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled, args.medium)
+        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled, args.medium, args.bf16)
     if "quality" not in skip:
         result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:

@@ -739,7 +739,7 @@ def test_attention_leaves_the_precision_it_found_when_sdpa_fails(medium):
 
 @pytest.mark.parametrize("pos", ["learned", "alibi"])
 def test_cpu_attention_under_bfloat16_autocast_runs_in_float32(monkeypatch, pos):
-    # SDPA's CPU kernel in bfloat16 took 3.6x as long going backward: the linear layers take
+    # SDPA's CPU kernel in bfloat16 took 3.3x as long going backward: the linear layers take
     # bfloat16, attention float32, ALiBi's bias unrounded; the gradients still reach every weight
     calls, sdpa = [], F.scaled_dot_product_attention
 
