@@ -133,15 +133,16 @@ class _ExactAttention(torch.autograd.Function):
 
 
 def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Tensor:
-    # torch.compile cannot trace the checks; it makes its own attention kernels anyway
-    if not torch.compiler.is_compiling() and q.device.type == "cpu":
+    if q.device.type == "cpu":
         if q.dtype != torch.float32:
             # SDPA's CPU kernel in bfloat16 took 3.3x as long as in float32 going backward (1.42
-            # against 0.43 ms for a layer of the fast config), more than the linear layers gain
+            # against 0.43 ms for a layer of the fast config), more than the linear layers gain;
+            # compiled too, its bfloat16 attention cost the fast config 13-47% a step
             with torch.autocast("cpu", enabled=False):
                 y = attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal)
             return y.to(q.dtype)
-        if cpu_rounds_matmuls():
+        # torch.compile cannot trace the check; it makes its own attention kernels anyway
+        if not torch.compiler.is_compiling() and cpu_rounds_matmuls():
             return _ExactAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)       # float32 as made; SDPA wants the queries' dtype

@@ -509,7 +509,7 @@ def test_compile_with_medium_is_refused_only_where_attention_would_round(monkeyp
     monkeypatch.setattr(precision_module, "cpu_can_round", lambda: True)
     assert refused(matmul_precision="medium")
     assert not refused(matmul_precision="high")
-    assert not refused(matmul_precision="medium", dtype="bfloat16")    # attention gets bfloat16 anyway
+    assert refused(matmul_precision="medium", dtype="bfloat16")    # its CPU attention is float32 too
     assert not refused(matmul_precision="medium", device="cuda")
     # the device is resolved only when the answer depends on it: a finished sweep's runs on
     # device=cuda still report on a machine without CUDA
