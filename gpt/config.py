@@ -230,8 +230,8 @@ class TrainConfig:
     out_dir: str = opt("out", "where checkpoints, metrics.jsonl and config.json are written")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     dtype: str = opt("auto", "auto: bfloat16 autocast on GPUs that compute it (Ampere on), else float32; "
-                     "bfloat16 on a CPU keeps attention in float32, where it is faster",
-                     ("auto", "float32", "bfloat16"))
+                     "fast: also on CPUs that compute it (AVX-512 BF16); bfloat16 on a CPU keeps "
+                     "attention in float32, where it is faster", ("auto", "fast", "float32", "bfloat16"))
     matmul_precision: str = opt("high", "float32 matmuls while training: highest is exact; high lets "
                                 "CUDA use TF32 (a CPU stays exact); medium also lets a CPU with AMX "
                                 "round their inputs to bfloat16, summing in float32: 1.2-1.5x faster "

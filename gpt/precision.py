@@ -61,6 +61,23 @@ def cpu_can_round() -> bool:
         return bool((F.linear(x, torch.ones(256, 128)) != 128 * (1 + 2**-9)).any())
 
 
+@functools.cache
+def cpu_computes_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 dot products (x86 AVX-512 BF16, which CPUs with AMX have too),
+    read from Linux's /proc/cpuinfo; False where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return lists_bfloat16(f.read())
+    except OSError:
+        return False
+
+
+def lists_bfloat16(cpuinfo: str) -> bool:
+    """Whether the flags of a /proc/cpuinfo text name bfloat16 dot products."""
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 @contextlib.contextmanager
 def exact_cpu_matmuls():
     before = torch.backends.mkldnn.matmul.fp32_precision

@@ -36,7 +36,7 @@ from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
 from .model import GPT
 from .optim import AdamW, clip_grad_norm
-from .precision import matmul_precision, torch_level
+from .precision import cpu_computes_bfloat16, matmul_precision, torch_level
 
 
 class Diverged(UserError):
@@ -188,9 +188,13 @@ def resolve_device(name: str) -> str:
 
 
 def autocast_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
-    if cfg.dtype == "auto":
+    if cfg.dtype in ("auto", "fast"):
         # bfloat16 where the GPU computes it (Ampere on); older ones only emulate it, slowly
         if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+            return torch.bfloat16
+        # emulated, bfloat16 made the fast config's steps 10-15x slower than float32 (an AVX-512
+        # CPU held to AVX2 by ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY)
+        if cfg.dtype == "fast" and torch.device(device).type == "cpu" and cpu_computes_bfloat16():
             return torch.bfloat16
         return torch.float32
     return getattr(torch, cfg.dtype)

@@ -102,3 +102,15 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capabi
     assert asked == ["cuda:1"]                                  # the run's GPU, not the current one
     assert autocast_dtype(TrainConfig(), "cpu") == torch.float32
     assert autocast_dtype(TrainConfig(dtype="bfloat16"), "cpu") == torch.bfloat16
+    assert autocast_dtype(TrainConfig(dtype="fast"), "cuda:1") == dtype
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_fast_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, native):
+    # emulated, bfloat16 made the fast config's steps 10-15x slower than float32
+    from gpt import trainer
+    from gpt.config import TrainConfig
+    monkeypatch.setattr(trainer, "cpu_computes_bfloat16", lambda: native)
+    assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert trainer.autocast_dtype(TrainConfig(dtype="auto"), "cpu") == torch.float32
+    assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "mps") == torch.float32

@@ -82,7 +82,7 @@ def test_bad_command_lines_name_the_problem(argv, message):
     (SampleConfig, {"top_p": math.nan}, r"^top_p=nan is not a finite number$"),
     (TrainConfig, {"min_lr": 1.0, "learning_rate": 0.1}, r"min_lr=1.0 is above learning_rate"),
     (TrainConfig, {"batch_size": 0}, r"batch_size=0 must be positive"),
-    (TrainConfig, {"dtype": "fp8"}, r"dtype='fp8' is not allowed; choose one of auto, float32"),
+    (TrainConfig, {"dtype": "fp8"}, r"dtype='fp8' is not allowed; choose one of auto, fast, float32, bfloat16"),
     (GPTConfig, {"activation": "SwiGLU"}, r"activation='SwiGLU' is not allowed; did you mean swiglu\? choose one of"),
     (TrainConfig, {"beta2": 1.0}, r"beta2=1.0 must be in \[0, 1\)"),
     (GPTConfig, {"n_embd": 100, "n_head": 3}, r"n_embd=100 is not divisible by n_head=3"),

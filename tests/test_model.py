@@ -12,7 +12,8 @@ from torch import nn
 
 from gpt.config import GPTConfig, UserError
 from gpt.model import GPT, CausalSelfAttention, KVCache, attention
-from gpt.precision import cpu_can_round, cpu_rounds_matmuls, exact_cpu_matmuls, matmul_precision
+from gpt.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
+                           lists_bfloat16, matmul_precision)
 from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
 POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
@@ -686,6 +687,18 @@ def test_cpu_rounds_matmuls_says_whether_medium_rounds_linear_layers():
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists() and "amx_bf16" in cpuinfo.read_text():
         assert cpu_can_round()      # where torch does round, medium must ask for it
+
+
+def test_cpus_computing_bfloat16_are_read_from_their_flags():
+    assert lists_bfloat16("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    assert lists_bfloat16("flags\t\t: avx512f amx_bf16 amx_tile\n")
+    assert not lists_bfloat16("flags\t\t: fpu avx2 avx512f avx512bw\n")          # AVX-512 without BF16
+    assert not lists_bfloat16("model name\t: avx512_bf16 lookalike\nflags\t\t: avx2\n")
+    assert not lists_bfloat16("Features\t: fp asimd bf16\n")     # Arm's bfloat16: not measured, so float32
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        words = cpuinfo.read_text().split()
+        assert cpu_computes_bfloat16() == ("avx512_bf16" in words or "amx_bf16" in words)
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bias"])
