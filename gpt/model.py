@@ -134,7 +134,7 @@ class _ExactAttention(torch.autograd.Function):
 
 def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Tensor:
     if q.device.type == "cpu":
-        if q.dtype != torch.float32:
+        if q.dtype in (torch.bfloat16, torch.float16):
             # SDPA's CPU kernel in bfloat16 took 3.3x as long as in float32 going backward (1.42
             # against 0.43 ms for a layer of the fast config), more than the linear layers gain;
             # compiled too, its bfloat16 attention cost the fast config 13-47% a step
@@ -204,8 +204,11 @@ class CausalSelfAttention(nn.Module):
         bias = None if fast_causal else self._bias(start, T, x.device)
         y = attention(q, k, v, bias, dropout, fast_causal)
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
-            with torch.no_grad(), exact_cpu_matmuls():
+            # at least float32, with autocast off, as a CPU's attention runs (a GPU's rounds more)
+            with torch.no_grad(), exact_cpu_matmuls(), torch.autocast(x.device.type, enabled=False):
                 bias = self._bias(start, T, x.device) if fast_causal else bias
+                wide = torch.promote_types(q.dtype, torch.float32)
+                q, k = q.to(wide), k.to(wide)
                 scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
                 self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)

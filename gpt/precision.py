@@ -64,7 +64,10 @@ def cpu_can_round() -> bool:
 @functools.cache
 def cpu_computes_bfloat16() -> bool:
     """Whether this CPU has bfloat16 dot products (x86 AVX-512 BF16, which CPUs with AMX have too),
-    read from Linux's /proc/cpuinfo; False where it cannot be read."""
+    read from Linux's /proc/cpuinfo, and torch uses AVX-512 (ATEN_CPU_CAPABILITY may hold it to
+    AVX2); False where the file cannot be read."""
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return False
     try:
         with open("/proc/cpuinfo") as f:
             return lists_bfloat16(f.read())

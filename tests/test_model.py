@@ -698,7 +698,8 @@ def test_cpus_computing_bfloat16_are_read_from_their_flags():
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         words = cpuinfo.read_text().split()
-        assert cpu_computes_bfloat16() == ("avx512_bf16" in words or "amx_bf16" in words)
+        avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        assert cpu_computes_bfloat16() == (avx512 and ("avx512_bf16" in words or "amx_bf16" in words))
 
 
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "bias"])
@@ -750,10 +751,9 @@ def test_attention_leaves_the_precision_it_found_when_sdpa_fails(medium):
     assert cpu_rounds_matmuls()
 
 
-@pytest.mark.parametrize("pos", ["learned", "alibi"])
-def test_cpu_attention_under_bfloat16_autocast_runs_in_float32(monkeypatch, pos):
-    # SDPA's CPU kernel in bfloat16 took 3.3x as long going backward: the linear layers take
-    # bfloat16, attention float32, ALiBi's bias unrounded; the gradients still reach every weight
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """The dtypes of q, k, v and the mask of each call of SDPA."""
     calls, sdpa = [], F.scaled_dot_product_attention
 
     def recording(q, k, v, attn_mask=None, **kwargs):
@@ -761,6 +761,14 @@ def test_cpu_attention_under_bfloat16_autocast_runs_in_float32(monkeypatch, pos)
         return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    return calls
+
+
+@pytest.mark.parametrize("pos", ["learned", "alibi"])
+def test_cpu_attention_under_bfloat16_autocast_runs_in_float32(sdpa_calls, pos):
+    # SDPA's CPU kernel in bfloat16 took 3.3x as long going backward: the linear layers take
+    # bfloat16, attention float32, ALiBi's bias unrounded; the gradients still reach every weight
+    calls = sdpa_calls
     model = tiny_model(pos_encoding=pos).train()
     idx = torch.randint(0, V, (2, BLOCK))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -777,15 +785,50 @@ def test_cpu_attention_under_bfloat16_autocast_runs_in_float32(monkeypatch, pos)
 
 
 @pytest.mark.parametrize("pos", ["learned", "alibi"])
-def test_a_bfloat16_model_runs_and_samples_on_cpu(pos):
+def test_a_bfloat16_model_runs_and_samples_on_cpu(sdpa_calls, pos):
     # attention computes in float32 on a CPU and hands back the dtype it was given
     model = tiny_model(pos_encoding=pos).to(torch.bfloat16)
     idx = torch.randint(0, V, (2, BLOCK))
     logits, _ = model(idx)
     assert logits.dtype == torch.bfloat16
+    assert {call[:3] for call in sdpa_calls} == {(torch.float32,) * 3}
     reference = tiny_model(pos_encoding=pos)(idx)[0]
     assert (logits.float() - reference).abs().max() < 0.1
     assert model.generate(idx[:, :3], max_new_tokens=BLOCK, temperature=0.0).shape == (2, BLOCK + 3)
+
+
+def test_cpu_attention_keeps_float64_exact():
+    # only bfloat16 and float16 go through float32: a float64 model stays float64, for gradcheck
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    y = attention(q, k, v, None, 0.0, True)
+    assert y.dtype == torch.float64 and torch.equal(y, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    assert torch.autograd.gradcheck(lambda *t: attention(*t, None, 0.0, True), (q, k, v))
+
+
+def test_bfloat16_autocast_attention_at_medium_precision_is_exact_float32(medium):
+    # on a CPU that rounds, the float32 detour of bfloat16 attention takes the exact path too
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 32, 16).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = attention(q, k, v, None, 0.0, True)
+    with exact_cpu_matmuls():
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, expected.bfloat16())
+
+
+def test_attention_maps_under_bfloat16_autocast_are_float32_scores_of_its_queries_and_keys():
+    model = tiny_model()
+    qkv = []
+    model.transformer.h[0].attn.c_attn.register_forward_hook(lambda m, a, out: qkv.append(out))
+    idx = torch.randint(0, V, (2, 10))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        weights = model.attention_maps(idx)[0]
+    q, k, _ = qkv[0].float().split(16, dim=2)
+    q, k = (t.view(2, 10, 4, 4).transpose(1, 2) for t in (q, k))                  # (B, nh, T, hs)
+    scores = (q @ k.transpose(-2, -1) / 2).masked_fill(torch.ones(10, 10).triu(1).bool(), float("-inf"))
+    assert weights.dtype == torch.float32
+    torch.testing.assert_close(weights, scores.softmax(dim=-1), atol=1e-6, rtol=0)
 
 
 def _precision_state():
