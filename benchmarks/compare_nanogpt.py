@@ -38,6 +38,8 @@ from gpt.console import Parser, to_json  # noqa: E402
 RECIPE = ["--device=cpu", "--eval_iters=20", "--log_interval=1", "--block_size=64", "--batch_size=12",
           "--n_layer=4", "--n_head=4", "--n_embd=128", "--lr_decay_iters=2000", "--dropout=0.0"]
 SKIP = 10   # iterations left out of the median: start-up effects
+# the arms of ours that --compiled, --medium and --bf16 add to the throughput comparison
+EXTRA_ARMS = {"compiled": "--compile=true", "medium": "--matmul_precision=medium", "bf16": "--dtype=bfloat16"}
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[str, float, float]:
@@ -69,15 +71,12 @@ def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float
     return ms, wall, rss, rows
 
 
-def throughput(path: Path, rounds: int, iters: int, compiled: bool, medium: bool, bf16: bool) -> dict:
-    """nanoGPT's recipe uncompiled, as its README runs it on a CPU; ours as it is and, with
-    compiled, also with --compile=true (its compilation, in the first step, is left out), with
-    medium also with --matmul_precision=medium, with bf16 also with --dtype=bfloat16."""
+def throughput(path: Path, rounds: int, iters: int, extra: list[str]) -> dict:
+    """nanoGPT's recipe uncompiled, as its README runs it on a CPU; ours as it is and with each
+    of the `extra` arms' flags (a compiled arm's compilation, in the first step, is left out)."""
     ours_args = ["--config", "shakespeare_char", *RECIPE, "--bias=false", f"--max_iters={iters}",
                  f"--eval_interval={iters}", "--threads=0"]
-    arms = {"ours": ours_args, **({"ours_compiled": [*ours_args, "--compile=true"]} if compiled else {}),
-            **({"ours_medium": [*ours_args, "--matmul_precision=medium"]} if medium else {}),
-            **({"ours_bf16": [*ours_args, "--dtype=bfloat16"]} if bf16 else {})}
+    arms = {"ours": ours_args, **{f"ours_{name}": [*ours_args, EXTRA_ARMS[name]] for name in extra}}
     ms_of = {"nanogpt": [], **{arm: [] for arm in arms}}
     rss_of = {name: [] for name in ms_of}
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,7 +228,8 @@ def main() -> int:
                      "(the first iterations are left out of the median)")
     result = {}
     if "throughput" not in skip:
-        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, args.compiled, args.medium, args.bf16)
+        extra = [name for name in EXTRA_ARMS if getattr(args, name)]
+        result["throughput"] = throughput(args.nanogpt, args.rounds, args.iters, extra)
     if "quality" not in skip:
         result["quality"] = time_to_quality(args.nanogpt, args.quality_rounds)
     if "sampling" not in skip:
