@@ -33,8 +33,8 @@ from .config import (NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, U
 from .console import interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, codes_in,
-                      read_jsonl, recorded_codes, write_json)
+from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
+                      read_jsonl, recorded, write_json)
 
 
 @dataclass
@@ -229,7 +229,7 @@ def run(args, argv: list[str]) -> int:
                             f"{'; '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
     older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
-             and recorded_codes(r.folder / "config.json") != [checkpoint.code_version()]]
+             and recorded(r.folder / "config.json") != [checkpoint.code_version()]]
     if older:
         print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
               "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
@@ -391,7 +391,8 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
                "status": result.get("status", "not run"),
-               "code": " ".join(codes_in(record)) or "unknown",
+               "code": " ".join(listed_in(record)) or "unknown",
+               "ran_as": "; ".join(listed_in(record, "ran_as")),
                "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
                            for k, v in record[section].items()},       # the run's settings, in one table
                "_setting": setting_label(r.setting), "_evals": evals, "_folder": r.folder,
@@ -457,6 +458,23 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
                 odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
                     f"{name}={shown(json.loads(mine))} (the others {shown(json.loads(usual))})")
     return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split
+
+
+# settings a run resolves on its machine (`auto`, `fast`; `high` is exact on a CPU)
+RESOLVED = ("device", "dtype", "matmul_precision")
+
+
+def ran_alike(rows: list[dict], axes) -> list[str]:
+    """Settings that differ only on RESOLVED axes and whose runs all ran the same way: a sweep over
+    dtype=float32,fast on a CPU without bfloat16 compares float32 with float32."""
+    alike = {}
+    for label, group in by_setting(rows).items():
+        ways = {r["ran_as"] for r in group if r["status"] in DONE}
+        # one way for all its runs; a run resumed on another machine lists two, older runs none
+        if len(ways) == 1 and (way := ways.pop()) and "; " not in way:
+            rest = tuple(group[0][name] for name in axes if name not in RESOLVED)
+            alike.setdefault((rest, way), []).append(label)
+    return [f"{' and '.join(labels)} ({way})" for (_, way), labels in alike.items() if len(labels) > 1]
 
 
 def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
@@ -656,12 +674,16 @@ def report(out_dir: Path) -> str:
     out_dir = Path(out_dir)
     sweep, rows = collect(out_dir)
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
-               "tokens_per_sec", "elapsed_s", "diverged", "status", "code"]
+               "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
     table = summary_table(summarize(rows))
     odd = odd_runs(rows, sweep["axes"])
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
                   "in above: " + "; ".join(odd) + ".")
+    alike = ran_alike(rows, sweep["axes"])
+    if alike:
+        table += ("\n\nSettings that ran the same way on this machine, so what tells them apart is "
+                  "noise: " + "; ".join(alike) + ".")
     failed = [f"{r['_folder'].name}/log.txt" for r in rows if r["status"] == "failed"]
     if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
         table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "

@@ -588,17 +588,24 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     return flags
 
 
-def recorded_codes(path: Path) -> list[str]:
-    """The code versions recorded in a run's config.json; none for a run older than the record."""
+def recorded(path: Path, key: str = "code") -> list[str]:
+    """What a run's config.json lists under key: the code versions that trained it (`code`) or how
+    its starts ran (`ran_as`); none for a run older than the record."""
     try:
-        return codes_in(json.loads(path.read_text()))
+        return listed_in(json.loads(path.read_text()), key)
     except (OSError, ValueError):
         return []
 
 
-def codes_in(record) -> list[str]:
-    codes = record.get("code", []) if isinstance(record, dict) else []
-    return [c for c in codes if isinstance(c, str)] if isinstance(codes, list) else []
+def listed_in(record, key: str = "code") -> list[str]:
+    items = record.get(key, []) if isinstance(record, dict) else []
+    return [c for c in items if isinstance(c, str)] if isinstance(items, list) else []
+
+
+def ran_as(device: str, dtype: torch.dtype, level: str) -> str:
+    """How a run's `device`, `dtype` and `matmul_precision` resolved on this machine: `auto` and
+    `fast` differ between machines, and a CPU stays exact at `high`."""
+    return f"{device} {str(dtype).removeprefix('torch.')} matmul={level}"
 
 
 def in_a_sweep() -> bool:
@@ -797,9 +804,13 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                             "or fix what it names") from None
 
     # every version of the code that trained the run, so a sweep can tell results of older code
-    codes = (recorded_codes(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
+    codes = (recorded(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
+    # and every way it ran, so a sweep can tell settings that resolved alike here
+    ways = recorded(out_dir / "config.json", "ran_as") if cfg.resume else []
+    way = ran_as(device, dtype, torch_level(cfg.matmul_precision, device_type))
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
-                     "code": codes + [c for c in [checkpoint.code_version()] if c not in codes]}
+                     "code": codes + [c for c in [checkpoint.code_version()] if c not in codes],
+                     "ran_as": ways + [w for w in [way] if w not in ways]}
     metrics = Metrics(metrics_path, start_wandb(cfg, config_record) if master else None)
     if master:
         if cfg.resume:

@@ -151,6 +151,42 @@ def test_runs_trained_by_other_code_are_marked(data_dir, tmp_path, capsys):
     assert [r["code"] for r in csv.DictReader(open(out / "sweep.csv"))] == [code_version(), "0123456789ab"]
 
 
+def test_settings_that_ran_the_same_way_here_are_named(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"      # on a CPU, high and highest are both exact float32
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep",
+                     "matmul_precision=high,highest")
+    assert train.main(argv) == 0
+    note = ("Settings that ran the same way on this machine, so what tells them apart is noise: "
+            "matmul_precision=high and matmul_precision=highest (cpu float32 matmul=highest).")
+    assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
+    assert {r["ran_as"] for r in csv.DictReader(open(out / "sweep.csv"))} == {"cpu float32 matmul=highest"}
+
+
+def test_ran_alike_needs_one_way_for_every_run_and_the_same_other_axes():
+    def row(setting, ran_as, status="finished", **axes):
+        return {"_setting": setting, "ran_as": ran_as, "status": status, **axes}
+    way, other = "cpu float32 matmul=highest", "cpu bfloat16 matmul=highest"
+    rows = [row("dtype=float32", way, dtype="float32"), row("dtype=fast", way, dtype="fast"),
+            row("dtype=bfloat16", other, dtype="bfloat16")]
+    assert sweep.ran_alike(rows, {"dtype": 0}) == [f"dtype=float32 and dtype=fast ({way})"]
+    rows[1]["ran_as"] = ""              # trained by code older than the record
+    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    rows[1]["ran_as"] = f"{way}; {other}"   # resumed on a machine with bfloat16
+    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    rows[1] = row("dtype=fast", way, dtype="fast")
+    rows.append(row("dtype=fast", other, "failed", dtype="fast"))    # a failed run does not count
+    assert len(sweep.ran_alike(rows, {"dtype": 0})) == 1
+    rows.append(row("dtype=fast", other, dtype="fast"))              # a finished one does
+    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    # apart on another axis, two settings compare different models
+    rows = [row(f"dtype={d}__n_layer={n}", way, dtype=d, n_layer=n) for d in ("float32", "fast") for n in (1, 2)]
+    assert sweep.ran_alike(rows, {"dtype": 0, "n_layer": 0}) == [
+        f"dtype=float32__n_layer=1 and dtype=fast__n_layer=1 ({way})",
+        f"dtype=float32__n_layer=2 and dtype=fast__n_layer=2 ({way})"]
+    rows = [row(f"n_layer={n}", way, n_layer=n) for n in (1, 2)]
+    assert sweep.ran_alike(rows, {"n_layer": 0}) == []
+
+
 def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--seeds=2",

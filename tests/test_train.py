@@ -373,6 +373,17 @@ def test_config_json_records_every_code_version_that_trained_the_run(data_dir, t
     assert json.loads((out / "config.json").read_text())["code"] == ["unknown", code_version()]
 
 
+def test_config_json_records_every_way_the_run_ran(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--dtype=auto")) == 0
+    assert json.loads((out / "config.json").read_text())["ran_as"] == ["cpu float32 matmul=highest"]
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--matmul_precision=highest"]) == 0
+    assert json.loads((out / "config.json").read_text())["ran_as"] == ["cpu float32 matmul=highest"]
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6", "--dtype=bfloat16"]) == 0
+    assert json.loads((out / "config.json").read_text())["ran_as"] == [
+        "cpu float32 matmul=highest", "cpu bfloat16 matmul=highest"]
+
+
 def test_the_code_fingerprint_skips_lock_files_and_gives_up_on_unreadable_ones(tmp_path):
     from gpt.checkpoint import fingerprint
     (tmp_path / "model.py").write_text("x = 1\n")
