@@ -87,14 +87,17 @@ def loaded() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-class _Terminated(KeyboardInterrupt):
+class Terminated(KeyboardInterrupt):
+    """A signal other than Ctrl-C (SIGTERM, SIGHUP) that stops a command as Ctrl-C does, reported
+    as itself."""
+
     def __init__(self, signum: int):
-        super().__init__()
+        super().__init__(signum)
         self.signum = signum
 
 
 def _stop(signum, frame):
-    raise _Terminated(signum)
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """A decoder-only GPT whose block parts can be switched on and off for ablations.
 
-Every flag of GPTConfig is resolved once, in __init__: parts a setting does not use are not
-built, and forward is straight-line code. Parameter names follow GPT-2 (transformer.wte, .wpe,
+Every flag of GPTConfig is resolved once, in __init__, and the parts of a block a setting does
+not use are not built. Parameter names follow GPT-2 (transformer.wte, .wpe,
 .h.{i}.ln_1/attn.c_attn/attn.c_proj/ln_2/mlp.c_fc/mlp.c_proj, .ln_f, lm_head), so GPT-2
 checkpoints load directly (see from_pretrained).
 """

@@ -5,7 +5,8 @@
 
 Each run is its own `python train.py` process writing to DIR/<setting>__seed=<n>/, so runs are
 isolated, can go side by side (--jobs), and a sweep started again skips finished runs and
-resumes interrupted ones. The report reads only the run folders' metrics.jsonl and result.json.
+resumes interrupted ones. The report reads only DIR/sweep.json and the run folders' config.json,
+metrics.jsonl and result.json.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from . import checkpoint
 from .config import (NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown,
                      user_path)
-from .console import interrupt_in_one_line, output_may_close
+from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
@@ -304,14 +305,6 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
               file=sys.stderr)
         return 1
     return 0
-
-
-class Terminated(KeyboardInterrupt):
-    """A signal other than Ctrl-C that stops a sweep as Ctrl-C does, reported as itself."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _interrupt(signum, frame):

@@ -507,7 +507,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"cannot be used: its train_config: decay_lr='yes' is not one of its values\n$"),
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
-     r"ckpt_best.pt does not exist \(no evaluation after the first has saved one yet\); --ckpt=latest"),
+     r"ckpt_best.pt does not exist \(no evaluation since iteration 0 has scored better than the untrained "
+     r"model did\); --ckpt=latest"),
     ("sample the latest checkpoint of a run that has only its best", "sample",
      lambda d, t, g: [f"--out_dir={_without_latest(g)}"],
      r"ckpt.pt does not exist; --ckpt=best samples ckpt_best.pt\n$"),
