@@ -263,16 +263,20 @@ def rng_state(device: str) -> dict:
     """Every random stream, as tensors and lists (loadable with weights_only). All processes of a
     DDP run are seeded alike and draw alike, so rank 0's state stands for every rank's."""
     np_state = np.random.get_state()
+    py_state = random.getstate()
     cuda = torch.device(device).type == "cuda"
-    return {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
+    # the gauss entries: each generator keeps the second of a pair of normal draws for the next call
+    return {"torch": torch.get_rng_state(), "python": list(py_state[1]), "python_gauss": py_state[2],
             "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
+            "numpy_gauss": [int(np_state[3]), float(np_state[4])],
             "cuda": torch.cuda.get_rng_state(device) if cuda else None}
 
 
 def set_rng_state(state: dict, device: str) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate((3, tuple(state["python"]), None))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"]))
+    random.setstate((3, tuple(state["python"]), state.get("python_gauss")))     # older: none kept
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
+                         *state.get("numpy_gauss", [0, 0.0])))
     if state["cuda"] is not None and torch.device(device).type == "cuda":
         torch.cuda.set_rng_state(state["cuda"], device)
 
