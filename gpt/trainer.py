@@ -281,6 +281,13 @@ def set_rng_state(state: dict, device: str) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def dropout_seed(seed: int, micro_batch: int) -> int:
+    """The seed of a micro-batch's dropout masks: the run's seed and the micro-batch's place mixed
+    into 64 bits, each bit depending on both, since a CPU's generator keeps only the low 32 bits
+    (`seed << 32 | place` gave every seed the same masks)."""
+    return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1, np.uint64)[0])
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -949,8 +956,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                 if world > 1:   # one gradient all-reduce per step, not one per micro-step
                     model.require_backward_grad_sync = micro == local_steps - 1
                 if model_cfg.dropout:   # its masks follow the micro-batch's place in the run
-                    torch.manual_seed((cfg.seed << 32) + it * cfg.gradient_accumulation_steps
-                                      + rank * local_steps + micro)
+                    torch.manual_seed(dropout_seed(cfg.seed, it * cfg.gradient_accumulation_steps
+                                                   + rank * local_steps + micro))
                 with autocast:
                     _, loss = model(xs[micro], ys[micro])
                 (loss / local_steps).backward()

@@ -193,6 +193,16 @@ def test_training_on_cpu_flushes_subnormal_floats_in_every_thread(data_dir, tmp_
     assert int(proc.stdout.split()[-1]) == flushed
 
 
+def test_dropout_masks_differ_between_seeds_and_micro_batches_on_this_device():
+    def mask(seed, micro_batch):
+        torch.manual_seed(trainer.dropout_seed(seed, micro_batch))
+        return torch.nn.functional.dropout(torch.ones(64), 0.5)
+    assert torch.equal(mask(1337, 7), mask(1337, 7))
+    assert not torch.equal(mask(1337, 7), mask(5, 7))      # a CPU generator keeps 32 bits of a seed
+    assert not torch.equal(mask(1337, 7), mask(1337, 8))
+    assert not torch.equal(mask(0, 1), mask(1, 0))
+
+
 def test_the_rng_state_keeps_the_normal_draw_each_generator_holds_back():
     import random
     import numpy as np
