@@ -518,6 +518,31 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
+def _check_replaceable(out_dir: Path, theirs: list[str]) -> None:
+    """Refuse a fresh run where it would replace what is not a run of this project (another
+    program's config.json, say), or the evaluations of a run whose checkpoints were removed."""
+    record = out_dir / "config.json"
+    try:
+        ours = isinstance(run := json.loads(record.read_text()), dict) and {"model", "train"} <= run.keys()
+    except (OSError, ValueError):   # none, or unreadable: not a record of ours either
+        ours = False
+    if record.exists() and not ours:
+        raise UserError(f"{out_dir} holds a config.json that no run of this project wrote; replace it "
+                        "with --overwrite=true, or choose another --out_dir")
+    if theirs and not ours:
+        raise UserError(f"{out_dir} holds {', '.join(theirs)} but no run of this project (no "
+                        "config.json); remove them, replace them with --overwrite=true, or choose "
+                        "another --out_dir")
+    rows = read_jsonl(out_dir / "metrics.jsonl") if "metrics.jsonl" in theirs else []
+    saved = [i for i, r in enumerate(rows) if r["kind"] == "eval" and r["iter"] > 0]
+    # a checkpoint followed each evaluation past 0 that more rows follow: a failed save ends the
+    # run, whose rows are then no loss
+    if saved and saved[0] < len(rows) - 1:
+        raise UserError(f"{out_dir} holds an earlier run's metrics.jsonl, evaluated up to iteration "
+                        f"{rows[saved[-1]]['iter']}, but not its checkpoints; replace the run with "
+                        "--overwrite=true, or choose another --out_dir")
+
+
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
     saved = ckpt.get("meta", {})
     if (saved.get("tokenizer"), saved.get("chars")) != (meta.get("tokenizer"), meta.get("chars")):
@@ -792,10 +817,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                                            "metrics.jsonl.tmp", "dashboard.png", "attention.png")]
         old = [p for p in old if p.exists()]
         theirs = [p.name for p in old if not p.name.endswith(".tmp")]
-        if theirs and not cfg.overwrite and not (out_dir / "config.json").exists():
-            raise UserError(f"{out_dir} holds {', '.join(theirs)} but no run of this project (no "
-                            "config.json); remove them, replace them with --overwrite=true, or choose "
-                            "another --out_dir")
+        if not cfg.overwrite:
+            _check_replaceable(out_dir, theirs)
         for path in old:
             try:
                 path.unlink()

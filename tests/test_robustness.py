@@ -1272,6 +1272,33 @@ def test_a_fresh_run_never_deletes_files_of_the_users_that_share_a_runs_names(da
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
 
 
+def test_a_fresh_run_never_replaces_another_programs_config_json(data_dir, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text('{"model_type": "gpt2"}')     # a Hugging Face model's folder
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 2
+    assert capsys.readouterr().err == (f"error: {out} holds a config.json that no run of this project "
+                                       "wrote; replace it with --overwrite=true, or choose another --out_dir\n")
+    assert (out / "config.json").read_text() == '{"model_type": "gpt2"}'
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--overwrite=true")) == 0
+
+
+def test_a_fresh_run_keeps_the_evaluations_of_a_run_whose_checkpoints_were_removed(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")
+    assert train.main(argv) == 0
+    for name in ("ckpt.pt", "ckpt_best.pt"):     # to free the disk, say
+        (out / name).unlink()
+    kept = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err == (f"error: {out} holds an earlier run's metrics.jsonl, evaluated up to "
+                                       "iteration 4, but not its checkpoints; replace the run with "
+                                       "--overwrite=true, or choose another --out_dir\n")
+    assert (out / "metrics.jsonl").read_text() == kept
+    assert train.main([*argv, "--overwrite=true"]) == 0
+
+
 def test_a_full_disk_at_the_write_test_leaves_no_probe_file(tmp_path, monkeypatch):
     from gpt import trainer
 
