@@ -774,6 +774,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
         # on the CPU: RNG states must stay there
         ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
         _check_resume(ckpt, model_cfg, meta)
+        if (seed := ckpt["train_config"].get("seed", cfg.seed)) != cfg.seed:
+            raise UserError(f"cannot resume with seed={cfg.seed}: the run's batches and dropout follow "
+                            f"its seed={seed}; leave --seed out to continue it, or train with the new "
+                            "seed in another --out_dir")
         checkpoint.load_weights(model, ckpt)
         optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]

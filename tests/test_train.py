@@ -193,6 +193,17 @@ def test_training_on_cpu_flushes_subnormal_floats_in_every_thread(data_dir, tmp_
     assert int(proc.stdout.split()[-1]) == flushed
 
 
+def test_a_resume_keeps_the_runs_seed(data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--seed=3")) == 0
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--seed=5"]) == 2
+    assert capsys.readouterr().err == ("error: cannot resume with seed=5: the run's batches and dropout "
+                                       "follow its seed=3; leave --seed out to continue it, or train with "
+                                       "the new seed in another --out_dir\n")
+    assert json.loads((out / "config.json").read_text())["train"]["seed"] == 3
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--seed=3"]) == 0
+
+
 def test_dropout_masks_differ_between_seeds_and_micro_batches_on_this_device():
     def mask(seed, micro_batch):
         torch.manual_seed(trainer.dropout_seed(seed, micro_batch))
