@@ -512,6 +512,12 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     tokens = list(argv)
     while tokens:
         token = tokens.pop(0)
+        if not token.isascii():     # bytes a shell passed on that are not UTF-8 become surrogates
+            try:
+                token.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UserError(f"{token!r} is not UTF-8 text (\\udcXX marks a byte that is not); "
+                                "give names and paths in UTF-8") from None
         if not token.startswith("--"):
             raise UserError(f"unexpected argument {token!r}; options look like --name=value")
         name, eq, value = token[2:].partition("=")

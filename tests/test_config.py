@@ -350,3 +350,12 @@ def test_a_folder_given_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch
     # as typed on a command line, where every command reads it: --resume finds the run there
     assert parse_argv(["--out_dir=~/runs/a", "--data_dir=~/data"]).values == {
         "out_dir": str(tmp_path / "runs" / "a"), "data_dir": str(tmp_path / "data")}
+
+
+def test_an_argument_that_is_not_utf8_gets_one_line(capsys):
+    import train
+    token = "--out_dir=" + b"/tmp/\xffdir".decode("utf-8", "surrogateescape")     # as Python hands it over
+    assert train.main([token, "--max_iters=2"]) == 2
+    assert capsys.readouterr().err == (r"error: '--out_dir=/tmp/\udcffdir' is not UTF-8 text (\udcXX marks a "
+                                       "byte that is not); give names and paths in UTF-8\n")
+    assert parse_argv(["--out_dir=/tmp/\u00e9t\u00e9"]).values["out_dir"] == "/tmp/\u00e9t\u00e9"
