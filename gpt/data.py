@@ -479,6 +479,8 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
     try:
         if args.out_dir == "":
             raise UserError("--out_dir is empty; give the folder the dataset goes into")
+        if args.input == "":    # an unset $FILE, say: not a request for Tiny Shakespeare
+            raise UserError("--input is empty; give the text file to prepare")
         if args.input and args.out_dir is None:     # it would pass for the shipped dataset from then on
             raise UserError(f"--input needs --out_dir: {default_dir} holds the shipped {dataset} "
                             "dataset; give e.g. --out_dir data/mine and train with --dataset=mine")

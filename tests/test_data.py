@@ -141,6 +141,10 @@ def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monke
     assert err.startswith("error: --input needs --out_dir: ") and err.count("\n") == 1
     assert data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir="]) == 2     # an unset $OUT
     assert capsys.readouterr().err == "error: --out_dir is empty; give the folder the dataset goes into\n"
+    mine = tmp_path / "data" / "mine"       # an unset $FILE, which would have fetched Tiny Shakespeare
+    assert data.prepare_main("shakespeare_char", ["--input=", "--out_dir", str(mine)]) == 2
+    assert capsys.readouterr().err == "error: --input is empty; give the text file to prepare\n"
+    assert not mine.exists()
     assert before == {p.name: p.read_bytes() for p in shipped.iterdir()}
 
 
