@@ -199,10 +199,13 @@ def main() -> int:
                                                    "throughput,quality,sampling")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.json and (args.json.is_dir() or not args.json.parent.is_dir()):    # checked before hours of runs
+        parser.error(f"--json {args.json}: give a file in a folder that exists")
     if args.whole_val:
         from gpt import checkpoint
         from gpt.config import UserError
         from gpt.diagnostics import whole_split_loss
+        losses = {}
         for path in args.whole_val:
             try:
                 ckpt = checkpoint.load(path, needs=(*checkpoint.MODEL_KEYS, "train_config"))
@@ -211,8 +214,9 @@ def main() -> int:
                 ids = val_ids(Path(cfg["data_dir"]), cfg["dataset"])
             except UserError as e:
                 sys.exit(f"error: {e}")
-            print(f"{path}: {whole_split_loss(model, ids):.4f}")
-        return 0
+            losses[str(path)] = whole_split_loss(model, ids)
+            print(f"{path}: {losses[str(path)]:.4f}")
+        return write_json(args.json, {"whole_val": losses})
     if args.nanogpt is None:
         parser.error("--nanogpt PATH is required")
     if not all((args.nanogpt / name).is_file() for name in ("train.py", "model.py")):
@@ -235,8 +239,15 @@ def main() -> int:
     if "sampling" not in skip:
         result["sampling"] = sampling(args.nanogpt, args.rounds)
     print(to_json(result, indent=1))
-    if args.json:
-        args.json.write_text(to_json(result, indent=1))
+    return write_json(args.json, result)
+
+
+def write_json(path: Path | None, result: dict) -> int:
+    if path is not None:
+        try:
+            path.write_text(to_json(result, indent=1))
+        except OSError as e:
+            sys.exit(f"error: cannot write {path} ({e.strerror}); the results are above")
     return 0
 
 

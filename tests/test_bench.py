@@ -114,3 +114,32 @@ def test_fast_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, native
     assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "cpu") == (torch.bfloat16 if native else torch.float32)
     assert trainer.autocast_dtype(TrainConfig(dtype="auto"), "cpu") == torch.float32
     assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "mps") == torch.float32
+
+
+def _compare_nanogpt(monkeypatch, *argv):
+    import importlib.util
+    import sys
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("compare_nanogpt", ROOT / "benchmarks" / "compare_nanogpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["compare_nanogpt.py", *argv])
+    return module.main()
+
+
+def test_compare_nanogpt_writes_whole_val_losses_and_checks_its_json_path_first(data_dir, tmp_path,
+                                                                                 monkeypatch, capsys):
+    import train
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    capsys.readouterr()
+    ckpt = out / "ckpt.pt"
+    assert _compare_nanogpt(monkeypatch, "--whole_val", str(ckpt), "--json", str(tmp_path / "r.json")) == 0
+    loss = json.loads((tmp_path / "r.json").read_text())["whole_val"][str(ckpt)]
+    assert capsys.readouterr().out == f"{ckpt}: {loss:.4f}\n" and 0 < loss < 10
+    for bad in (tmp_path, tmp_path / "r.json" / "x.json", tmp_path / "no" / "x.json"):
+        with pytest.raises(SystemExit) as end:
+            _compare_nanogpt(monkeypatch, "--whole_val", str(ckpt), "--json", str(bad))
+        assert end.value.code == 2
+        assert capsys.readouterr().err == (f"error: --json {bad}: give a file in a folder that exists "
+                                           "(see compare_nanogpt.py --help)\n")
