@@ -74,8 +74,9 @@ def device_memory(device: str) -> int | None:
 def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
     killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
-    parameter in float32), or a batch's logits and residual stream (float32), with one stream per
-    block for a backward pass (a training step's, and the diagnostics' at each evaluation)."""
+    parameter in float32), or a batch's float32 activations that must be held at once: its logits
+    and their log-softmax, and a block's residual stream and c_fc output, every block's for a
+    backward pass (a training step's, and the diagnostics' at each evaluation)."""
     total = device_memory(device)
     if total is None:
         return
@@ -85,10 +86,12 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
                         f"GiB for its weights, gradients and optimizer state, more than the "
                         f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
                         "positions) block_size")
-    logits, streams = model_cfg.vocab_size, model_cfg.n_layer * model_cfg.n_embd
+    logits = 2 * model_cfg.vocab_size
+    block = model_cfg.n_embd + model_cfg.mlp_hidden * (2 if model_cfg.gated else 1)
     for name, per_token, fix in (   # an evaluation keeps no block's output, but its diagnostics do
-            ("batch_size", logits + streams, "; raising gradient_accumulation_steps keeps the batch per step"),
-            ("eval_batch_size", logits + (streams if cfg.diagnostics else model_cfg.n_embd), "")):
+            ("batch_size", logits + model_cfg.n_layer * block,
+             "; raising gradient_accumulation_steps keeps the batch per step"),
+            ("eval_batch_size", logits + (model_cfg.n_layer if cfg.diagnostics else 1) * block, "")):
         need = getattr(cfg, name) * model_cfg.block_size * 4 * per_token
         if need > total:
             raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "

@@ -532,11 +532,16 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
 
 
 def test_the_memory_check_counts_the_diagnostics_backward_pass_at_each_evaluation(monkeypatch):
-    monkeypatch.setattr(trainer, "device_memory", lambda device: 2 ** 30)
+    monkeypatch.setattr(trainer, "device_memory", lambda device: 4 * 2 ** 30)
     model_cfg = GPTConfig(vocab_size=65, block_size=256, n_layer=8, n_head=4, n_embd=256)
-    trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=False), "cpu")  # 0.6 GiB
-    with pytest.raises(UserError, match=r"^eval_batch_size=2000 needs at least 4.0 GiB"):
+    # per token, float32: logits and log-softmax 2 * 65, a block's stream 256 and c_fc output 1024
+    trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=False), "cpu")  # 2.7 GiB
+    with pytest.raises(UserError, match=r"^eval_batch_size=2000 needs at least 19.8 GiB"):
         trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=True), "cpu")
+    with pytest.raises(UserError, match=r"^batch_size=2000 needs at least 19.8 GiB"):
+        trainer.check_fits(model_cfg, TrainConfig(batch_size=2000, eval_batch_size=1, diagnostics=False), "cpu")
+    with pytest.raises(UserError, match=r"^eval_batch_size=3000 needs at least 4.0 GiB"):
+        trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=3000, diagnostics=False), "cpu")
 
 
 def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir, tmp_path):
