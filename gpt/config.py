@@ -9,6 +9,7 @@ and nowhere else.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import numbers
@@ -410,7 +411,8 @@ def convert(name: str, value, fields: dict = FIELDS, axis: bool = False):
     elif kind is str:   # a folder given by the user is taken as the shell would have it
         folder = name.endswith("_dir") and str(value).strip() and not axis
         return user_path(str(value), name) if folder else str(value)
-    raise UserError(f"{name}={value!r} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
+    given = value.isoformat() if isinstance(value, (datetime.date, datetime.time)) else repr(value)  # TOML's
+    raise UserError(f"{name}={given} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
 
 
 def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
@@ -439,6 +441,8 @@ def config_path(name: str) -> Path:
     for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate
+    if as_path and places[0].is_dir():
+        raise UserError(f"--config {name!r} is a folder; give a TOML file in it, or a shipped config's name")
     close = difflib.get_close_matches(stem, available_configs(), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     what = "no such file, nor a shipped config of that name" if as_path else "no config named"

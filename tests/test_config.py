@@ -253,6 +253,7 @@ def test_a_config_file_may_not_sweep_what_the_sweep_sets_itself(tmp_path):
     (b"[model]\nn_layer = 2", "c.toml: [model] is a table; settings go at the top level, name = value, "
                               "and axes in [sweep], name = [values]"),
     (b"[sweep.model]\nn_layer = [2]", "c.toml: [sweep.model] is a table; settings go at the top level"),
+    (b"max_iters = 2024-01-01", "c.toml: max_iters=2024-01-01 is not a valid int"),    # as written
 ])
 def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
     (tmp_path / "c.toml").write_bytes(content)
@@ -261,6 +262,10 @@ def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
     with pytest.raises(UserError, match=re.escape(f"no such file, nor a shipped config of that name "
                                                   f"'{tmp_path / 'x.toml'}'")):
         parse_argv(["--config", str(tmp_path / "x.toml")])
+    (tmp_path / "d.toml").mkdir()
+    with pytest.raises(UserError, match=re.escape(f"--config '{tmp_path / 'd.toml'}' is a folder; give a "
+                                                  "TOML file in it, or a shipped config's name")):
+        parse_argv(["--config", str(tmp_path / "d.toml")])
 
 
 def test_a_shipped_config_may_be_named_with_its_suffix():
