@@ -52,7 +52,8 @@ def sample(cfg: SampleConfig):
     run = Path(cfg.out_dir)
     if cfg.ckpt == "best" and not (run / name).exists() and (run / "ckpt.pt").is_file():
         raise UserError(f"{run / name} does not exist (no evaluation since iteration 0 has "
-                        "scored better than the untrained model did); --ckpt=latest samples ckpt.pt")
+                        "scored better than the untrained model did, or it could not be written); "
+                        "--ckpt=latest samples ckpt.pt")
     if cfg.ckpt == "latest" and not (run / name).exists() and (run / "ckpt_best.pt").is_file():
         raise UserError(f"{run / name} does not exist; --ckpt=best samples ckpt_best.pt")
     model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name)

@@ -441,7 +441,7 @@ def config_path(name: str) -> Path:
     for candidate in places if as_path else places[::-1]:
         if candidate.is_file():
             return candidate
-    if as_path and places[0].is_dir():
+    if as_path and (places[0].is_dir() or Path(user_path(name, "--config")).is_dir()):
         raise UserError(f"--config {name!r} is a folder; give a TOML file in it, or a shipped config's name")
     close = difflib.get_close_matches(stem, available_configs(), n=1)
     hint = f"did you mean {close[0]}? " if close else ""
@@ -514,14 +514,15 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     fields = fields_of(sections)
     config_name, raw, sweep = None, {}, {}
     tokens = list(argv)
-    while tokens:
-        token = tokens.pop(0)
+    for token in tokens:
         if not token.isascii():     # bytes a shell passed on that are not UTF-8 become surrogates
             try:
                 token.encode("utf-8")
             except UnicodeEncodeError:
                 raise UserError(f"{token!r} is not UTF-8 text (\\udcXX marks a byte that is not); "
                                 "give names and paths in UTF-8") from None
+    while tokens:
+        token = tokens.pop(0)
         if not token.startswith("--"):
             raise UserError(f"unexpected argument {token!r}; options look like --name=value")
         name, eq, value = token[2:].partition("=")

@@ -675,8 +675,8 @@ def report(out_dir: Path) -> str:
                   "in above: " + "; ".join(odd) + ".")
     alike = ran_alike(rows, sweep["axes"])
     if alike:
-        table += ("\n\nSettings that ran the same way on this machine, so what tells them apart is "
-                  "noise: " + "; ".join(alike) + ".")
+        table += ("\n\nSettings whose runs all ran the same way (sweep.csv's ran_as), so what tells "
+                  "them apart is noise: " + "; ".join(alike) + ".")
     failed = [f"{r['_folder'].name}/log.txt" for r in rows if r["status"] == "failed"]
     if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
         table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "

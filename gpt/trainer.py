@@ -75,8 +75,8 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
     killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
     parameter in float32), or a batch's float32 activations that must be held at once: its logits
-    and their log-softmax, and a block's residual stream and c_fc output, every block's for a
-    backward pass (a training step's, and the diagnostics' at each evaluation)."""
+    and their log-softmax, or a block's residual stream and c_fc output; for a backward pass (a
+    training step's, and the diagnostics' at each evaluation) the logits and every block's."""
     total = device_memory(device)
     if total is None:
         return
@@ -91,7 +91,7 @@ def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
     for name, per_token, fix in (   # an evaluation keeps no block's output, but its diagnostics do
             ("batch_size", logits + model_cfg.n_layer * block,
              "; raising gradient_accumulation_steps keeps the batch per step"),
-            ("eval_batch_size", logits + (model_cfg.n_layer if cfg.diagnostics else 1) * block, "")):
+            ("eval_batch_size", logits + model_cfg.n_layer * block if cfg.diagnostics else max(logits, block), "")):
         need = getattr(cfg, name) * model_cfg.block_size * 4 * per_token
         if need > total:
             raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "
@@ -521,6 +521,9 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
+NOT_SAVED = "checkpoint not saved"      # the event a failed save logs
+
+
 def _check_replaceable(out_dir: Path, theirs: list[str]) -> None:
     """Refuse a fresh run where it would replace what is not a run of this project (another
     program's config.json, say), or the evaluations of a run whose checkpoints were removed."""
@@ -537,13 +540,14 @@ def _check_replaceable(out_dir: Path, theirs: list[str]) -> None:
                         "config.json); remove them, replace them with --overwrite=true, or choose "
                         "another --out_dir")
     rows = read_jsonl(out_dir / "metrics.jsonl") if "metrics.jsonl" in theirs else []
-    saved = [i for i, r in enumerate(rows) if r["kind"] == "eval" and r["iter"] > 0]
-    # a checkpoint followed each evaluation past 0 that more rows follow: a failed save ends the
-    # run, whose rows are then no loss
-    if saved and saved[0] < len(rows) - 1:
+    unsaved = {r["iter"] for r in rows if r.get("event") == NOT_SAVED}
+    # each finite evaluation past 0 saved a checkpoint, unless its save failed and said so
+    saved = [r["iter"] for r in rows if r["kind"] == "eval" and r["iter"] > 0 and r["iter"] not in unsaved
+             and math.isfinite(r["val_loss"]) and math.isfinite(r.get("train_loss", 0.0))]
+    if saved:
         raise UserError(f"{out_dir} holds an earlier run's metrics.jsonl, evaluated up to iteration "
-                        f"{rows[saved[-1]]['iter']}, but not its checkpoints; replace the run with "
-                        "--overwrite=true, or choose another --out_dir")
+                        f"{max(saved)}, but not its checkpoints; replace the run with --overwrite=true, "
+                        "or choose another --out_dir")
 
 
 def _check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
@@ -848,7 +852,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
     # every version of the code that trained the run, so a sweep can tell results of older code
     codes = (recorded(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
     # and every way it ran, so a sweep can tell settings that resolved alike here
-    ways = recorded(out_dir / "config.json", "ran_as") if cfg.resume else []
+    ways = (recorded(out_dir / "config.json", "ran_as") or ["unknown"]) if cfg.resume else []
     way = ran_as(device, dtype, torch_level(cfg.matmul_precision, device_type))
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
                      "code": codes + [c for c in [checkpoint.code_version()] if c not in codes],
@@ -896,6 +900,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                 if best:
                     checkpoint.save_copy(out_dir / "ckpt.pt", out_dir / "ckpt_best.pt")
             except UserError as e:      # a full disk: room made, the run goes on from ckpt.pt
+                with contextlib.suppress(UserError):    # so the same command may start afresh
+                    metrics.log({"kind": "event", "iter": it, "event": NOT_SAVED})
                 more = f"; once it can be written, {how_to_continue(out_dir)}" if last_saved is not None else ""
                 raise UserError(f"{e}{more}") from None
 

@@ -262,10 +262,11 @@ def test_a_bad_config_file_is_named_in_the_error(content, message, tmp_path):
     with pytest.raises(UserError, match=re.escape(f"no such file, nor a shipped config of that name "
                                                   f"'{tmp_path / 'x.toml'}'")):
         parse_argv(["--config", str(tmp_path / "x.toml")])
-    (tmp_path / "d.toml").mkdir()
-    with pytest.raises(UserError, match=re.escape(f"--config '{tmp_path / 'd.toml'}' is a folder; give a "
-                                                  "TOML file in it, or a shipped config's name")):
-        parse_argv(["--config", str(tmp_path / "d.toml")])
+    for folder in (tmp_path / "d.toml", tmp_path / "d"):
+        folder.mkdir()
+        with pytest.raises(UserError, match=re.escape(f"--config '{folder}' is a folder; give a TOML file "
+                                                      "in it, or a shipped config's name")):
+            parse_argv(["--config", str(folder)])
 
 
 def test_a_shipped_config_may_be_named_with_its_suffix():
@@ -357,10 +358,12 @@ def test_a_folder_given_with_a_tilde_is_in_the_home_folder(tmp_path, monkeypatch
         "out_dir": str(tmp_path / "runs" / "a"), "data_dir": str(tmp_path / "data")}
 
 
-def test_an_argument_that_is_not_utf8_gets_one_line(capsys):
+def test_an_argument_that_is_not_utf8_gets_one_line(tmp_path, capsys):
     import train
-    token = "--out_dir=" + b"/tmp/\xffdir".decode("utf-8", "surrogateescape")     # as Python hands it over
-    assert train.main([token, "--max_iters=2"]) == 2
-    assert capsys.readouterr().err == (r"error: '--out_dir=/tmp/\udcffdir' is not UTF-8 text (\udcXX marks a "
-                                       "byte that is not); give names and paths in UTF-8\n")
-    assert parse_argv(["--out_dir=/tmp/\u00e9t\u00e9"]).values["out_dir"] == "/tmp/\u00e9t\u00e9"
+    folder = str(tmp_path) + b"/\xffdir".decode("utf-8", "surrogateescape")     # as Python hands it over
+    for argv in ([f"--out_dir={folder}"], ["--out_dir", folder]):
+        assert train.main([*argv, "--max_iters=2"]) == 2
+        assert capsys.readouterr().err == (f"error: {argv[-1]!r} is not UTF-8 text (\\udcXX marks a byte "
+                                           "that is not); give names and paths in UTF-8\n")
+    assert list(tmp_path.iterdir()) == []
+    assert parse_argv(["--out_dir", "/tmp/\u00e9t\u00e9"]).values["out_dir"] == "/tmp/\u00e9t\u00e9"

@@ -383,6 +383,9 @@ def test_a_run_whose_evaluations_all_fail_after_the_first_says_so(data_dir, tmp_
     assert capsys.readouterr().out.splitlines()[-1] == ("done: 4 iterations; no evaluation after the first "
                                                         "was finite, so nothing was saved")
     assert not (out / "ckpt.pt").exists()
+    # evaluations that saved nothing are no run to keep: the same command starts afresh
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--diagnostics=false",
+                                "--skip_nonfinite=true")) == 0
 
 
 def test_wandb_failure_warns_once_and_training_goes_on(data_dir, tmp_path, monkeypatch, capsys):
@@ -508,7 +511,7 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
      r"ckpt_best.pt does not exist \(no evaluation since iteration 0 has scored better than the untrained "
-     r"model did\); --ckpt=latest"),
+     r"model did, or it could not be written\); --ckpt=latest"),
     ("sample the latest checkpoint of a run that has only its best", "sample",
      lambda d, t, g: [f"--out_dir={_without_latest(g)}"],
      r"ckpt.pt does not exist; --ckpt=best samples ckpt_best.pt\n$"),
@@ -1284,8 +1287,8 @@ def test_a_fresh_run_never_replaces_another_programs_config_json(data_dir, tmp_p
 
 
 def test_a_fresh_run_keeps_the_evaluations_of_a_run_whose_checkpoints_were_removed(data_dir, tmp_path, capsys):
-    out = tmp_path / "run"
-    argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")
+    out = tmp_path / "run"      # its one evaluation past 0 is the last line
+    argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4")
     assert train.main(argv) == 0
     for name in ("ckpt.pt", "ckpt_best.pt"):     # to free the disk, say
         (out / name).unlink()

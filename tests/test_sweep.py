@@ -156,8 +156,8 @@ def test_settings_that_ran_the_same_way_here_are_named(data_dir, tmp_path, capsy
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep",
                      "matmul_precision=high,highest")
     assert train.main(argv) == 0
-    note = ("Settings that ran the same way on this machine, so what tells them apart is noise: "
-            "matmul_precision=high and matmul_precision=highest (cpu float32 matmul=highest).")
+    note = ("Settings whose runs all ran the same way (sweep.csv's ran_as), so what tells them apart is "
+            "noise: matmul_precision=high and matmul_precision=highest (cpu float32 matmul=highest).")
     assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
     assert {r["ran_as"] for r in csv.DictReader(open(out / "sweep.csv"))} == {"cpu float32 matmul=highest"}
 
