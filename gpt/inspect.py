@@ -115,6 +115,8 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     evals = [r for r in rows if r["kind"] == "eval" and {"train_loss", "val_loss"} <= r.keys()]
     steps = [r for r in rows if r["kind"] == "train" and {"loss", "lr"} <= r.keys()]
     if not evals:
+        if not rows and path.stat().st_size:    # bytes, but not one line a run writes
+            raise UserError(f"{path} holds no line of a training run's; is it damaged or another program's?")
         raise UserError(f"{path} has no evaluation yet")
     plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))

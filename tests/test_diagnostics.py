@@ -145,6 +145,14 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"kind": "eval", "iter": 9}\n{"kind": "train", "iter": 9}\n\xff\n')
     assert inspect.main(["run", str(out)]) == 0
+    capsys.readouterr()
+    (out / "metrics.jsonl").write_bytes(b"\x00" * 4096)     # overwritten by a crash, say
+    assert inspect.main(["run", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: {out / 'metrics.jsonl'} holds no line of a training run's; "
+                                       "is it damaged or another program's?\n")
+    (out / "metrics.jsonl").write_text('{"kind": "train", "iter": 0, "loss": 4.1, "lr": 0.001}\n')
+    assert inspect.main(["run", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {out / 'metrics.jsonl'} has no evaluation yet\n"
 
 
 def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, tmp_path, monkeypatch):
