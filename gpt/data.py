@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import filecmp
 import http.client
 import json
 import os
@@ -206,12 +207,15 @@ def in_pieces(text: str) -> Iterator[str]:
     return (text[i:i + PIECE] for i in range(0, len(text), PIECE))
 
 
-def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1) -> dict:
+def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fraction: float = 0.1,
+                 keep_other: bool = False) -> dict:
     """prepare() for the text of a UTF-8 file, read twice in pieces rather than held whole; a
-    pipe (--input /dev/stdin), which can be read only once, is held whole."""
+    pipe (--input /dev/stdin), which can be read only once, is held whole. With keep_other, a
+    dataset in out_dir prepared from other text is refused rather than replaced."""
     if path.exists() and not path.is_file() and not path.is_dir():
         text = "".join(text_pieces(path))
-        return _prepare(lambda: in_pieces(text), str(path), out_dir, tokenizer, val_fraction)
+        return _prepare(lambda: in_pieces(text), str(path), out_dir, tokenizer, val_fraction,
+                        keep_other=keep_other)
     before = path.stat() if path.is_file() else None
 
     def unchanged() -> bool:
@@ -220,11 +224,12 @@ def prepare_file(path: Path, out_dir: Path, tokenizer: str = "char", val_fractio
         except OSError:         # deleted meanwhile
             return False
         return (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction, unchanged)
+    return _prepare(lambda: text_pieces(path), str(path), out_dir, tokenizer, val_fraction, unchanged,
+                    keep_other)
 
 
 def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: float,
-             unchanged=lambda: True) -> dict:
+             unchanged=lambda: True, keep_other: bool = False) -> dict:
     """pieces() gives the text in pieces, once to learn its size and characters, once to encode it;
     unchanged() says whether the text is still what the first pass read."""
     chars, length = set(), 0
@@ -257,6 +262,9 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
             raise UserError(CHANGED)
         meta = {**tok.meta(), "train_tokens": sizes[0], "val_tokens": sizes[1]}
         tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+        if keep_other and not _same_dataset(tmps, targets):
+            raise UserError(f"{out_dir} holds a dataset prepared from other text, which runs may have "
+                            "trained on; give --overwrite to replace it, or another --out_dir")
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
             os.replace(tmp, path)
     except BaseException as e:  # a full disk, a file that stops being UTF-8 text, Ctrl-C
@@ -272,6 +280,16 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
 
 
 CHANGED = "the text changed while it was being prepared; prepare it again"
+
+
+def _same_dataset(made: list[Path], there: list[Path]) -> bool:
+    """Whether the ids are those already there, and meta.json says the same (as JSON: an older
+    version may have written it in another layout)."""
+    try:
+        metas = [json.loads(path.read_text(encoding="utf-8")) for path in (made[2], there[2])]
+    except ValueError:      # not JSON, or not UTF-8: not the same
+        return False
+    return metas[0] == metas[1] and all(filecmp.cmp(a, b, shallow=False) for a, b in zip(made[:2], there[:2]))
 
 
 def _encoder(tok):
@@ -475,6 +493,8 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
                                         "downloaded to OUT_DIR/input.txt when missing)")
     parser.add_argument("--out_dir", help=f"where the files go (default: {default_dir}, for "
                                            "Tiny Shakespeare only)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a dataset in OUT_DIR prepared from other text")
     args = parser.parse_args(argv)
     try:
         if args.out_dir == "":
@@ -488,7 +508,7 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
         source = Path(user_path(args.input, "--input")) if args.input else out_dir / "input.txt"
         if not args.input:
             fetch_text(source, url)
-        meta = prepare_file(source, out_dir, tokenizer)
+        meta = prepare_file(source, out_dir, tokenizer, keep_other=_prepared(out_dir) and not args.overwrite)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -423,3 +423,25 @@ def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_fi
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["meta.json", "train.bin", "val.bin"]
     ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
     assert CharTokenizer(meta["chars"]).decode(ids.tolist()) == src.read_text()
+
+
+def test_prepare_refuses_to_replace_a_dataset_made_from_other_text(tmp_path, capsys):
+    from gpt import data
+    out = tmp_path / "mine"
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text("to be or not to be\n" * 30)
+    second.write_text("hello world\n" * 50)
+    assert data.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert data.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0   # again
+    capsys.readouterr()
+    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: {out} holds a dataset prepared from other text, which runs may "
+                                       "have trained on; give --overwrite to replace it, or another --out_dir\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before      # no temporary file left either
+    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out), "--overwrite"]) == 0
+    assert json.loads((out / "meta.json").read_text())["vocab_size"] == len(set("hello world\n"))
+    # the same text again, over a meta.json an older version laid out otherwise, is the same dataset
+    meta = json.loads((out / "meta.json").read_text())
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 0
