@@ -35,7 +35,7 @@ from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
-                      read_jsonl, recorded, write_json)
+                      read_jsonl, run_record, write_json)
 
 
 @dataclass
@@ -230,7 +230,7 @@ def run(args, argv: list[str]) -> int:
                             f"{'; '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
     older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
-             and recorded(r.folder / "config.json") != [checkpoint.code_version()]]
+             and listed_in(run_record(r.folder / "config.json")) != [checkpoint.code_version()]]
     if older:
         print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
               "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "

@@ -527,12 +527,8 @@ NOT_SAVED = "checkpoint not saved"      # the event a failed save logs
 def _check_replaceable(out_dir: Path, theirs: list[str]) -> None:
     """Refuse a fresh run where it would replace what is not a run of this project (another
     program's config.json, say), or the evaluations of a run whose checkpoints were removed."""
-    record = out_dir / "config.json"
-    try:
-        ours = isinstance(run := json.loads(record.read_text()), dict) and {"model", "train"} <= run.keys()
-    except (OSError, ValueError):   # none, or unreadable: not a record of ours either
-        ours = False
-    if record.exists() and not ours:
+    ours = {"model", "train"} <= run_record(out_dir / "config.json").keys()
+    if (out_dir / "config.json").exists() and not ours:
         raise UserError(f"{out_dir} holds a config.json that no run of this project wrote; replace it "
                         "with --overwrite=true, or choose another --out_dir")
     if theirs and not ours:
@@ -631,17 +627,19 @@ def as_flags(model_cfg: GPTConfig, cfg: TrainConfig) -> list[str]:
     return flags
 
 
-def recorded(path: Path, key: str = "code") -> list[str]:
-    """What a run's config.json lists under key: the code versions that trained it (`code`) or how
-    its starts ran (`ran_as`); none for a run older than the record."""
+def run_record(path: Path) -> dict:
+    """A run's config.json as written; empty where there is none, or it cannot be read as one."""
     try:
-        return listed_in(json.loads(path.read_text()), key)
+        record = json.loads(path.read_text())
     except (OSError, ValueError):
-        return []
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
-def listed_in(record, key: str = "code") -> list[str]:
-    items = record.get(key, []) if isinstance(record, dict) else []
+def listed_in(record: dict, key: str = "code") -> list[str]:
+    """What a run record lists under key: the code versions that trained it (`code`) or how its
+    starts ran (`ran_as`); none for a run older than the record."""
+    items = record.get(key, [])
     return [c for c in items if isinstance(c, str)] if isinstance(items, list) else []
 
 
@@ -850,9 +848,10 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                             "or fix what it names") from None
 
     # every version of the code that trained the run, so a sweep can tell results of older code
-    codes = (recorded(out_dir / "config.json") or ["unknown"]) if cfg.resume else []
+    earlier = run_record(out_dir / "config.json") if cfg.resume else {}
+    codes = (listed_in(earlier) or ["unknown"]) if cfg.resume else []
     # and every way it ran, so a sweep can tell settings that resolved alike here
-    ways = (recorded(out_dir / "config.json", "ran_as") or ["unknown"]) if cfg.resume else []
+    ways = (listed_in(earlier, "ran_as") or ["unknown"]) if cfg.resume else []
     way = ran_as(device, dtype, torch_level(cfg.matmul_precision, device_type))
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
                      "code": codes + [c for c in [checkpoint.code_version()] if c not in codes],
