@@ -221,13 +221,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = None
     try:
-        if any(a == "--max_iters" or a.startswith("--max_iters=") for a in argv):
+        given_names = {a.partition("=")[0] for a in argv}
+        if "--max_iters" in given_names:
             raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
                             "steps); use --bench_iters=N")
-        args = parse_argv(argv, sections)
-        if args.values.get("resume"):   # it would time the default model, not the run's
+        if "--resume" in given_names:   # it would time the default model, not the run's
             raise UserError("--resume: the bench times a fresh model of the settings given; give "
                             "the run's --config and options instead")
+        args = parse_argv(argv, sections)
         bench = build(BenchConfig, args.values)
         model_cfg, train_cfg = build(GPTConfig, args.values), build(TrainConfig, args.values)
         # at once, on stderr (--json keeps stdout): a bare call times the full default model

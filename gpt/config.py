@@ -29,10 +29,11 @@ class UserError(ValueError):
     """A mistake in what the user asked for; scripts print it as one line and exit 2."""
 
 
-def first_line(error: BaseException, width: int = 160) -> str:
+def first_line(error: BaseException) -> str:
     """What a library's error says, for one line of ours: its first line (or its type's name),
-    cut to about width characters between words where one ends late enough (requests' errors run
+    cut to about 160 characters between words where one ends late enough (requests' errors run
     to hundreds; a long path is kept in part)."""
+    width = 160
     text = str(error).strip()
     text = text.splitlines()[0] if text else type(error).__name__
     if len(text) <= width:

@@ -10,11 +10,14 @@ import math
 import torch
 from torch import nn
 
+# the wavelength scale of both sinusoids and RoPE, as in their papers
+BASE = 10000.0
+
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(p / 10000^(2i/dim))."""
     pos = torch.arange(n_pos, dtype=torch.float64).unsqueeze(1)       # (P, 1)
-    inv = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv = BASE ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     table = torch.zeros(n_pos, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(pos * inv)
     table[:, 1::2] = torch.cos(pos * inv[: dim // 2])
@@ -24,9 +27,9 @@ def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
 class Rotary(nn.Module):
     """Rotates each pair of channels (2i, 2i+1) of q and k by angle pos * theta_i."""
 
-    def __init__(self, head_size: int, n_pos: int, base: float = 10000.0):
+    def __init__(self, head_size: int, n_pos: int):
         super().__init__()
-        inv = base ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+        inv = BASE ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
         angles = torch.arange(n_pos, dtype=torch.float64).unsqueeze(1) * inv   # (P, hs/2)
         # buffers are derived from the config, so they stay out of the state_dict
         self.register_buffer("cos", angles.cos().float(), persistent=False)

@@ -340,9 +340,10 @@ def _read_json(path: Path) -> dict:
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror or e})") from None
     except json.JSONDecodeError as e:   # the sweep writes each of its files again: losing one is safe
-        raise UserError(f"{path} is damaged ({e}); remove it, or use another --out_dir") from None
+        raise UserError(f"{path} is damaged ({e}); remove it, and the sweep's command writes it again") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path} does not hold a JSON object; remove it, or use another --out_dir")
+        raise UserError(f"{path} does not hold a JSON object; remove it, and the sweep's command writes it "
+                        "again")
     return data
 
 

@@ -646,8 +646,12 @@ def listed_in(record: dict, key: str = "code") -> list[str]:
 def ran_as(device: str, dtype: torch.dtype, level: str) -> str:
     """How a run's `device`, `dtype` and `matmul_precision` resolved on this machine: `auto` and
     `fast` differ between machines, and a CPU stays exact at `high`. The device by its type, as
-    one GPU is `cuda` to a run of its own and `cuda:0` under torchrun."""
-    return f"{torch.device(device).type} {str(dtype).removeprefix('torch.')} matmul={level}"
+    one GPU is `cuda` to a run of its own and `cuda:0` under torchrun. On CUDA, `medium` is
+    recorded as `high`: torch gives both the same TF32 matmuls there."""
+    kind = torch.device(device).type
+    if kind == "cuda" and level == "medium":
+        level = "high"
+    return f"{kind} {str(dtype).removeprefix('torch.')} matmul={level}"
 
 
 def in_a_sweep() -> bool:

@@ -40,9 +40,11 @@ def test_bench_rejects_bad_arguments(capsys):
     assert "--bench_iters=" in shown and "--n_layer=" in shown
     assert not any(f"--{name}=" in shown for name in ("max_iters", "resume", *bench.SET_BY_BENCH))
     assert f"{', '.join(bench.SET_BY_BENCH)} are accepted, and not used." in shown
-    assert bench.main(["--out_dir=out/some_run", "--resume"]) == 2     # would time the default model
-    assert capsys.readouterr().err == ("error: --resume: the bench times a fresh model of the settings "
-                                       "given; give the run's --config and options instead\n")
+    # it would time the default model; with --config, not the line that sends one to train.py
+    for argv in (["--out_dir=out/some_run", "--resume"], ["--config", "shakespeare_char", "--resume=true"]):
+        assert bench.main(argv) == 2
+        assert capsys.readouterr().err == ("error: --resume: the bench times a fresh model of the settings "
+                                           "given; give the run's --config and options instead\n")
 
 
 def test_gpu_peaks_match_whole_model_names():

@@ -361,6 +361,10 @@ def test_a_difference_of_two_and_a_half_standard_errors_is_noise_at_three_seeds(
 def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
     assert sweep.main(["report", str(tmp_path)]) == 2
     assert "sweep.json does not exist" in capsys.readouterr().err
+    (tmp_path / "sweep.json").write_text("{")     # cut short; the report takes no --out_dir
+    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert re.fullmatch(r"error: .*sweep.json is damaged \(.*\); remove it, and the sweep's command writes it "
+                        r"again\n", capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["report", "-h"], ["report", "DIR", "--help"]])
@@ -559,8 +563,8 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     assert "config.json is not a run config of this project" in capsys.readouterr().err
     (run / "config.json").write_text("")                    # cut short
     assert train.main([*argv, "--learning_rate=2e-3"]) == 2
-    assert re.fullmatch(r"error: .*config.json is damaged \(Expecting value: .*\); remove it, or use another "
-                        r"--out_dir\n", capsys.readouterr().err)
+    assert re.fullmatch(r"error: .*config.json is damaged \(Expecting value: .*\); remove it, and the sweep's "
+                        r"command writes it again\n", capsys.readouterr().err)
     (run / "config.json").unlink()                          # as told
     assert train.main([*argv, "--learning_rate=2e-3"]) == 0
 

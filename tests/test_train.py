@@ -443,6 +443,21 @@ def test_config_json_records_every_way_the_run_ran(data_dir, tmp_path):
     assert json.loads((out / "config.json").read_text())["ran_as"] == ["unknown", "cpu bfloat16 matmul=highest"]
 
 
+def test_ran_as_names_cuda_medium_as_high_which_torch_makes_it():
+    from gpt.trainer import ran_as
+    torch.set_float32_matmul_precision("medium")
+    try:    # what makes the two one way: the same CUDA setting
+        medium = torch.backends.cuda.matmul.fp32_precision
+        torch.set_float32_matmul_precision("high")
+        assert torch.backends.cuda.matmul.fp32_precision == medium == "tf32"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert ran_as("cuda:0", torch.float32, "medium") == ran_as("cuda", torch.float32, "high") == \
+        "cuda float32 matmul=high"
+    assert ran_as("cpu", torch.float32, "medium") == "cpu float32 matmul=medium"    # AMX rounds
+    assert ran_as("cuda", torch.bfloat16, "highest") == "cuda bfloat16 matmul=highest"
+
+
 def test_the_code_fingerprint_skips_lock_files_and_gives_up_on_unreadable_ones(tmp_path):
     from gpt.checkpoint import fingerprint
     (tmp_path / "model.py").write_text("x = 1\n")
