@@ -302,6 +302,17 @@ class TrainConfig:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
 
 
+# the schedules that read each of these settings; the others ignore it, so runs that differ only
+# in it train alike
+READ_BY_SCHEDULES = {"cooldown_frac": ("wsd",), "min_lr": ("cosine", "linear", "wsd"),
+                     "lr_decay_iters": ("cosine", "linear", "wsd")}
+
+
+def read_by(lr_schedule: str, name: str) -> bool:
+    """Whether a run at lr_schedule reads the setting `name` (any setting outside the schedule's)."""
+    return lr_schedule in READ_BY_SCHEDULES.get(name, (lr_schedule,))
+
+
 @dataclass
 class SweepConfig:
     seeds: int = opt(1, "seeds per setting (seed, seed+1, ...)")

@@ -29,8 +29,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from . import checkpoint
-from .config import (NAME_MAX, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError, build, shown,
-                     user_path)
+from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError,
+                     build, read_by, shown, user_path)
 from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
@@ -114,6 +114,12 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
     for _, train_cfg in configs:
         check_threads(train_cfg)
         check_compile(train_cfg)
+    for name in runs[0].setting:
+        if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
+            schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})
+            raise UserError(f"the axis {name}: lr_schedule={','.join(schedules)} does not read it, so "
+                            f"the runs would train alike; {' and '.join(READ_BY_SCHEDULES[name])} do: "
+                            "set --lr_schedule to one, or sweep lr_schedule too")
     return configs
 
 
@@ -142,8 +148,9 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
             old = getattr(before, f.name)
             if f.name == "data_dir":    # older runs recorded it as given, from the repository root
                 old = str((REPO_ROOT / old).resolve())
-            if f.name == "cooldown_frac" and "wsd" not in (before.lr_schedule, cfg.lr_schedule):
-                continue    # only warmup-stable-decay reads it
+            if section == "train" and not (read_by(before.lr_schedule, f.name)
+                                           or read_by(cfg.lr_schedule, f.name)):
+                continue
             if f.name == "eval_batch_size":     # 0 means batch_size: the windows are what counts
                 old, new = old or before.batch_size, cfg.eval_batch_size or cfg.batch_size
                 if old != new:
@@ -427,7 +434,7 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
     odd, split = {}, []
     for name in sorted({k for r in rows for k in r["_config"]} - skip):
         have = [r for r in rows if name in r["_config"]
-                and (name != "cooldown_frac" or r["_config"].get("lr_schedule") == "wsd")]
+                and read_by(r["_config"].get("lr_schedule", TrainConfig.lr_schedule), name)]
         read = [readings(r["_config"], name) for r in have]
         counts = {}
         for options in read:

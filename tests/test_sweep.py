@@ -234,6 +234,10 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
     rows = [row("a", 1, lr_schedule="wsd"), row("a", 2, lr_schedule="wsd"),
             row("a", 3, lr_schedule="wsd", cooldown_frac=0.5)]
     assert sweep.odd_runs(rows, {}) == ["a__seed=3: cooldown_frac=0.5 (the others 0.2)"]
+    # a constant schedule reads neither min_lr nor lr_decay_iters; cosine does
+    for schedule, odd in (("constant", []), ("cosine", ["a__seed=3: min_lr=0.0 (the others 0.0001)"])):
+        rows = [row("a", seed, lr_schedule=schedule, min_lr=1e-4 if seed < 3 else 0.0) for seed in (1, 2, 3)]
+        assert sweep.odd_runs(rows, {}) == odd
     # two against two: neither is the sweep's, so both are named, in a fixed order
     rows = [row("a", 1), row("a", 2, max_iters=20), row("b", 1), row("b", 2, max_iters=20)]
     assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2 (a__seed=1, b__seed=1), "
@@ -492,6 +496,36 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     assert sweep.changed_settings(run, model_cfg, cooled) == []
     assert sweep.changed_settings(run, model_cfg, dataclasses.replace(cooled, lr_schedule="wsd")) == [
         "lr_schedule=cosine in the run, wsd now", "cooldown_frac=0.2 in the run, 0.5 now"]
+    # nor min_lr a constant one
+    record["train"].update(decay_lr=False, min_lr=1e-4)
+    (run.folder / "config.json").write_text(json.dumps(record))
+    flat = dataclasses.replace(train_cfg, lr_schedule="constant", min_lr=1e-5)
+    assert sweep.changed_settings(run, model_cfg, flat) == []
+    assert sweep.changed_settings(run, model_cfg, dataclasses.replace(flat, lr_schedule="linear")) == [
+        "min_lr=0.0001 in the run, 1e-05 now", "lr_schedule=constant in the run, linear now"]
+
+
+@pytest.mark.parametrize("extra, axis", [
+    ((), "cooldown_frac=0.1,0.5"),                                    # cosine by default
+    (("--lr_schedule=constant",), "min_lr=0,1e-5"),
+    (("--lr_schedule=constant",), "lr_decay_iters=3,4"),
+])
+def test_a_sweep_over_a_setting_no_run_reads_is_refused(data_dir, tmp_path, capsys, extra, axis):
+    out = tmp_path / "sw"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", *extra, "--sweep", axis)) == 2
+    name = axis.split("=")[0]
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf"error: the axis {name}: lr_schedule=\w+ does not read it, so the runs would "
+                        rf"train alike; [\w ]+ do: set --lr_schedule to one, or sweep lr_schedule too\n", err)
+    assert not out.exists()
+
+
+def test_a_sweep_over_a_setting_some_runs_read_goes_ahead(data_dir, tmp_path):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "lr_schedule=cosine,wsd",
+                     "--sweep", "cooldown_frac=0.1,0.5")
+    assert train.main(argv) == 0
+    assert len(list(out.glob("*/config.json"))) == 4
 
 
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
