@@ -128,6 +128,9 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
 # losses drift within seed noise; runs older than the field never flushed); the folder is the run's own
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "overwrite", "wandb",
                 "wandb_project", "wandb_run_name"}
+# those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
+# run again with another --jobs gives its new runs other threads)
+SPEED = ("flush_denormal", "threads")
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
@@ -407,9 +410,10 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
 STANDS_FOR = {"n_kv_head": "n_head", "eval_batch_size": "batch_size"}
 
 
-def odd_runs(rows: list[dict], axes) -> list[str]:
+def odd_runs(rows: list[dict], axes, names: tuple[str, ...] | None = None) -> list[str]:
     """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
-    have: one resumed by hand with more steps, say. The tables would average two experiments."""
+    have: one resumed by hand with more steps, say. The tables would average two experiments.
+    `names`: look at these settings alone (SPEED's, which the tables leave aside)."""
     skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
 
     def readings(config: dict, name: str) -> set[str]:
@@ -432,7 +436,7 @@ def odd_runs(rows: list[dict], axes) -> list[str]:
     def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
         return min(options, key=lambda o: (not follows(o), o))
     odd, split = {}, []
-    for name in sorted({k for r in rows for k in r["_config"]} - skip):
+    for name in sorted({k for r in rows for k in r["_config"]} - skip) if names is None else names:
         have = [r for r in rows if name in r["_config"]
                 and read_by(r["_config"].get("lr_schedule", TrainConfig.lr_schedule), name)]
         read = [readings(r["_config"], name) for r in have]
@@ -681,6 +685,10 @@ def report(out_dir: Path) -> str:
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
                   "in above: " + "; ".join(odd) + ".")
+    slower = odd_runs(rows, sweep["axes"], SPEED)
+    if slower:
+        table += ("\n\nRuns that ran with other speed settings than the rest, so their tokens/s in "
+                  "sweep.csv does not compare alike: " + "; ".join(slower) + ".")
     alike = ran_alike(rows, sweep["axes"])
     if alike:
         table += ("\n\nSettings whose runs all ran the same way (sweep.csv's ran_as), so what tells "

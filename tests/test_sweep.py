@@ -201,6 +201,20 @@ def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tm
     assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
 
 
+def test_the_report_names_runs_whose_speed_settings_differ(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    short = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")     # TINY: no flushing
+    # the runs are processes of their own, where flushing reaches every thread
+    assert train.main([*short, "--flush_denormal=true", "--sweep", "activation=gelu,relu"]) == 0
+    assert "other speed settings" not in capsys.readouterr().out
+    assert train.main([*short, "--sweep", "activation=gelu,relu,gelu_tanh"]) == 0     # two reused
+    out_text = capsys.readouterr().out
+    note = ("Runs that ran with other speed settings than the rest, so their tokens/s in sweep.csv does not "
+            "compare alike: activation=gelu_tanh__seed=1337: flush_denormal=false (the others true).")
+    assert note in out_text and note in (out / "summary.md").read_text()
+    assert "differ from the rest of the sweep beyond its axes" not in out_text     # the losses compare
+
+
 def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     short = ["--max_iters=2", "--eval_interval=2"]
