@@ -56,9 +56,18 @@ def setting_label(setting: dict) -> str:
     return "__".join(f"{k}={_text(v)}" for k, v in setting.items()) or "base"
 
 
+# more runs than anyone trains on one machine: a grid past it is a typo (seeds=10000000), which
+# would otherwise fill the memory before saying anything
+MAX_RUNS = 100_000
+
+
 def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[Run]:
     """Every combination of axis values (first axis slowest), each with `seeds` seeds."""
     names = list(axes)
+    count = math.prod(len(axes[n]) for n in names) * seeds
+    if count > MAX_RUNS:
+        raise UserError(f"the sweep would make {count:,} runs ({seeds} seeds of each setting), more than "
+                        f"{MAX_RUNS:,}; give fewer seeds or axis values")
     runs = []
     for values in itertools.product(*(axes[n] for n in names)):
         setting = dict(zip(names, values))
@@ -94,6 +103,9 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
         if values.get(name):
             raise UserError(f"--{name}: a sweep resumes its stopped runs and restarts its failed ones "
                             f"by itself; run the same command again without --{name}")
+    for r in runs:
+        if r.folder.exists() and not r.folder.is_dir():
+            raise UserError(f"{r.folder} is a file, where the sweep keeps that run; move it away")
     longest = max((r.folder.name for r in runs), key=lambda name: len(os.fsencode(name)))
     if len(os.fsencode(longest)) > NAME_MAX:    # the run folders are named by their settings
         raise UserError(f"a run's folder would be named {longest[:60]}..., {len(os.fsencode(longest))} "
@@ -280,9 +292,15 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
         while todo or running:
             while todo and len(running) < jobs:
                 r = todo.pop(0)
-                r.folder.mkdir(parents=True, exist_ok=True)
-                (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
-                log = open(r.folder / "log.txt", "a")
+                try:
+                    r.folder.mkdir(parents=True, exist_ok=True)
+                    (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
+                    log = open(r.folder / "log.txt", "a")
+                except OSError as e:    # a full disk, a file put where the folder goes meanwhile
+                    _stop(running, done, len(runs))
+                    raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}); the runs "
+                                    "under way were stopped and saved: fix it, and run the same command "
+                                    "again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint
                 proc = subprocess.Popen(_command(values, r, threads), stdout=log,
@@ -296,12 +314,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
                 done += 1
                 _record(running.pop(proc), proc.returncode, done, len(runs))
     except KeyboardInterrupt as stop:
-        for proc in running:
-            proc.terminate()          # each run saves a checkpoint; the next start resumes it
-        for proc, entry in running.items():
-            code = proc.wait()
-            if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
-                _record(entry, code, done, len(runs))
+        _stop(running, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
         return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
     finally:
@@ -315,6 +328,15 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
               file=sys.stderr)
         return 1
     return 0
+
+
+def _stop(running: dict, done: int, total: int) -> None:
+    for proc in running:
+        proc.terminate()          # each run saves a checkpoint; the next start resumes it
+    for proc, entry in running.items():
+        code = proc.wait()
+        if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
+            _record(entry, code, done, total)
 
 
 def _interrupt(signum, frame):

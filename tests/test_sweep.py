@@ -559,6 +559,40 @@ def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_d
     assert train.main(tiny_args(data_dir, out, f"--seed={2 ** 32 - 1}", "--seeds=2")) == 2
     assert ("seed=4294967295 with seeds=2: the seeds would run to 4294967296, past 2**32 - 1"
             in capsys.readouterr().err) and not out.exists()
+    # a typo'd count is refused before the runs are listed, which would fill the memory first
+    assert train.main(tiny_args(data_dir, out, "--seed=0", "--seeds=20000000", "--sweep", "n_layer=1,2")) == 2
+    assert capsys.readouterr().err == ("error: the sweep would make 40,000,000 runs (20000000 seeds of each "
+                                       "setting), more than 100,000; give fewer seeds or axis values\n")
+    assert not out.exists()
+    out.mkdir()     # and by the report, of a sweep.json edited so
+    (out / "sweep.json").write_text(json.dumps({"axes": {}, "seeds": 10 ** 9, "base_seed": 0, "command": "x"}))
+    assert sweep.main(["report", str(out)]) == 2
+    assert "the sweep would make 1,000,000,000 runs" in capsys.readouterr().err
+
+
+def test_a_file_where_a_run_folder_goes_is_refused(data_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true,false")
+    out.mkdir()
+    (out / "residual=false__seed=1337").write_text("notes")
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err == (f"error: {out / 'residual=false__seed=1337'} is a file, where the sweep "
+                                       "keeps that run; move it away\n")
+    assert (out / "residual=false__seed=1337").read_text() == "notes"
+    (out / "residual=false__seed=1337").unlink()
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):     # a full disk, met by the second run
+        if self.name.startswith("residual=false"):
+            raise OSError(28, "No space left on device")
+        return real_mkdir(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: cannot start the run in {out / 'residual=false__seed=1337'} (No space left on device); the "
+        "runs under way were stopped and saved: fix it, and run the same command again to continue\n")
+    monkeypatch.undo()
+    assert train.main(argv) == 0
 
 
 def test_diverged_runs_stay_out_of_the_diagnostics_table_and_nan_out_of_the_best(tmp_path):
