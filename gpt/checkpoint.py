@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -182,7 +183,33 @@ def _problem(ckpt: dict, needs) -> str | None:
             return f"its {key}: {problem}"
     if "meta" in needs and not valid_meta(ckpt["meta"]):
         return "its vocabulary (meta) is incomplete or malformed"
+    if "iter" in needs:     # what a resume reads besides: a wrong type would fail far from here
+        counts = ckpt["iter"], ckpt["last_eval_iter"]
+        if not (all(type(n) is int for n in counts) and counts[0] >= 0 and counts[1] >= -1):
+            return f"its iteration counts (iter={counts[0]!r}, last_eval_iter={counts[1]!r}) are malformed"
+        best = ckpt["best_val_loss"]
+        if type(best) not in (int, float) or math.isnan(best):
+            return f"its best_val_loss={best!r} is not a number"
+        optimizer = ckpt["optimizer"]
+        if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+                and isinstance(optimizer.get("param_groups"), list)):
+            return "its optimizer state is malformed"
+        if not (isinstance(ckpt["rng"], dict) and isinstance(ckpt["batch_rng"], torch.Tensor)):
+            return "its random states are malformed"
     return None
+
+
+@contextlib.contextmanager
+def damaged_part(path: Path, part: str):
+    """Errors from restoring `part` of the checkpoint at path, which _problem checks only on the
+    surface (a key missing inside, a tensor of the wrong size), as one line naming the file."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        if isinstance(e, UserError):
+            raise
+        raise UserError(f"{path} cannot be resumed: damage in its {part} ({type(e).__name__}: "
+                        f"{first_line(e)})") from None
 
 
 @contextlib.contextmanager
@@ -237,6 +264,12 @@ def load_weights(model: GPT, ckpt: dict) -> None:
     if problem:
         raise UserError(f"the checkpoint's weights do not fit its own model config, so it was written "
                         f"by another version of this project ({problem})")
+    # training never saves such weights; sampling from them would fail deep in torch
+    broken = [name for name, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()]
+    if broken:
+        more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+        raise UserError(f"the checkpoint's weights hold nan or inf ({broken[0]}{more}), so it is damaged; "
+                        "use the run's other checkpoint (--ckpt=best or latest)")
     model.load_state_dict(ckpt["model"])
 
 

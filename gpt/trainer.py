@@ -788,7 +788,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
                             f"its seed={seed}; leave --seed out to continue it, or train with the new "
                             "seed in another --out_dir")
         checkpoint.load_weights(model, ckpt)
-        optimizer.load_state_dict(ckpt["optimizer"])
+        with checkpoint.damaged_part(out_dir / "ckpt.pt", "optimizer state"):
+            optimizer.load_state_dict(ckpt["optimizer"])
         start_iter, best_val, last_eval = ckpt["iter"], ckpt["best_val_loss"], ckpt["last_eval_iter"]
         last_saved = start_iter
         elapsed_before = ckpt.get("elapsed_s")
@@ -796,8 +797,9 @@ def _train(model_cfg, cfg, argv, device, rank, world, holds: contextlib.ExitStac
             logged = [r["elapsed_s"] for r in read_jsonl(metrics_path) if r["kind"] == "eval"
                       and r["iter"] <= start_iter and "elapsed_s" in r] if metrics_path.exists() else []
             elapsed_before = logged[-1] if logged else 0.0
-        set_rng_state(ckpt["rng"], device)
-        batches.set_state(ckpt["batch_rng"])
+        with checkpoint.damaged_part(out_dir / "ckpt.pt", "random states"):
+            set_rng_state(ckpt["rng"], device)
+            batches.set_state(ckpt["batch_rng"])
         best_iter = ckpt.get("best_iter")
         mended = checkpoint.make_best_good(out_dir, ckpt) if master else None
         if mended is not None:

@@ -508,6 +508,32 @@ ERRORS = [  # (name, script, argv builder, expected message)
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': {'decay_lr': 'yes'}})}", "--resume",
                       "--max_iters=4"],
      r"cannot be used: its train_config: decay_lr='yes' is not one of its values\n$"),
+    # the plain values a resume reads, damaged: named here, not a TypeError far on
+    ("resume an iteration that is text", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': '2'})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its iteration counts \(iter='2', last_eval_iter=\d+\) are malformed\n$"),
+    ("resume a negative iteration", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': -5})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its iteration counts \(iter=-5, last_eval_iter=\d+\) are malformed\n$"),
+    ("resume a best loss that is not a number", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'best_val_loss': math.nan})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its best_val_loss=nan is not a number\n$"),
+    ("resume an empty optimizer state", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'optimizer': {}})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its optimizer state is malformed\n$"),
+    ("resume without random states", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'rng': None})}", "--resume", "--max_iters=4"],
+     r"cannot be used: its random states are malformed\n$"),
+    ("resume random states missing a part", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, parts={'rng': {}})}", "--resume", "--max_iters=4"],
+     r"edited/ckpt.pt cannot be resumed: damage in its random states \(KeyError: 'torch'\)\n$"),
+    ("resume an optimizer state missing a part", "train",
+     lambda d, t, g: [f"--out_dir={_edited(g, optimizer_entry={})}", "--resume", "--max_iters=4"],
+     r"edited/ckpt.pt cannot be resumed: damage in its optimizer state \(KeyError: 'exp_avg'\)\n$"),
+    # one more: the head tied to the token table
+    ("sample weights that hold nan", "sample", lambda d, t, g: [f"--out_dir={_edited(g, nan_weight=True)}"],
+     r"the checkpoint's weights hold nan or inf \(transformer.wte.weight and 1 more\), so it is damaged; use the run's "
+     r"other checkpoint \(--ckpt=best or latest\)\n$"),
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
      r"ckpt_best.pt does not exist \(no evaluation since iteration 0 has scored better than the untrained "
@@ -556,11 +582,16 @@ def _toml(tmp_path, text):
     return str(path)
 
 
-def _edited(good, drop=None, parts=None, **model_config):
-    """A copy of good's checkpoint without the key `drop`, with other model_config values, or
-    with other top-level parts."""
-    ckpt = checkpoint.load(good / "ckpt.pt")
+def _edited(good, drop=None, parts=None, optimizer_entry=None, nan_weight=False, **model_config):
+    """A copy of good's checkpoint without the key `drop`, with other model_config values, with
+    other top-level parts, with the optimizer state of the first weight replaced, or with a nan
+    in the token table."""
+    ckpt = checkpoint.load(good / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
     ckpt.pop(drop, None)
+    if nan_weight:
+        ckpt["model"]["transformer.wte.weight"][0, 0] = math.nan
+    if optimizer_entry is not None:
+        ckpt["optimizer"]["state"][0] = optimizer_entry
     ckpt["model_config"].update(model_config)
     ckpt.update(parts or {})
     folder = good.parent / "edited"
