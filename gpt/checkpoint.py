@@ -264,12 +264,6 @@ def load_weights(model: GPT, ckpt: dict) -> None:
     if problem:
         raise UserError(f"the checkpoint's weights do not fit its own model config, so it was written "
                         f"by another version of this project ({problem})")
-    # training never saves such weights; sampling from them would fail deep in torch
-    broken = [name for name, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()]
-    if broken:
-        more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
-        raise UserError(f"the checkpoint's weights hold nan or inf ({broken[0]}{more}), so it is damaged; "
-                        "use the run's other checkpoint (--ckpt=best or latest)")
     model.load_state_dict(ckpt["model"])
 
 
@@ -277,4 +271,12 @@ def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
     """(model in eval mode on device, tokenizer) of the run in out_dir."""
     from .data import tokenizer_from_meta
     ckpt = load(Path(out_dir) / name, map_location=device)
+    # a stop saves ckpt.pt unevaluated, so a diverged run's may hold them; sampling would fail deep
+    # in torch (a resume may go on from them, skipping steps, and an evaluation scores them nan)
+    broken = [k for k, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()]
+    if broken:
+        more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+        raise UserError(f"{Path(out_dir) / name}'s weights hold nan or inf ({broken[0]}{more}): the run had "
+                        "diverged when it was saved, or the file is damaged; sample the run's other checkpoint "
+                        "(--ckpt=best or latest)")
     return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

@@ -260,6 +260,9 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
             sizes, read = _write_ids(pieces(), n, tok, (train, val))
         if read != length or not unchanged():
             raise UserError(CHANGED)
+        if min(sizes) < 2:     # a split needs a token and the one after it to train or score on
+            raise UserError(f"{source} is too short to prepare: its train and val splits would hold "
+                            f"{sizes[0]} and {sizes[1]} tokens; give a longer text")
         meta = {**tok.meta(), "train_tokens": sizes[0], "val_tokens": sizes[1]}
         tmps[2].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
         if keep_other and not _same_dataset(tmps, targets):

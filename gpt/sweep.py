@@ -738,7 +738,8 @@ def report(out_dir: Path) -> str:
         plot_diagnostics(rows, out_dir / "diagnostics.png")
     except OSError as e:    # a read-only copy, a full disk: the table is still worth printing
         print(table)
-        raise UserError(f"the report cannot be written into {out_dir} ({e.strerror or e}); the table "
+        where = e.filename or out_dir     # matplotlib's own errors may not name the file
+        raise UserError(f"the report cannot be written to {where} ({e.strerror or e}); the table "
                         "is above") from None
     print(table)
     return table

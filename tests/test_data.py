@@ -47,6 +47,12 @@ def test_prepare_script_on_a_users_file(tmp_path, capsys):
     assert prepare_main("shakespeare_char", ["--input", str(empty), "--out_dir", str(tmp_path / "e")]) == 2
     assert capsys.readouterr().err == f"error: {empty} is empty; give a text file to prepare\n"
     assert not (tmp_path / "e").exists()
+    one = tmp_path / "one.txt"
+    one.write_text("x")
+    assert prepare_main("shakespeare_char", ["--input", str(one), "--out_dir", str(tmp_path / "e")]) == 2
+    assert capsys.readouterr().err == (f"error: {one} is too short to prepare: its train and val splits would "
+                                       "hold 0 and 1 tokens; give a longer text\n")
+    assert not (tmp_path / "e").exists()
     # as Windows editors save it: a byte-order mark, CRLF line ends
     windows = tmp_path / "windows.txt"
     windows.write_bytes(b"\xef\xbb\xbf" + b"hello world\r\n" * 50)

@@ -532,8 +532,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"edited/ckpt.pt cannot be resumed: damage in its optimizer state \(KeyError: 'exp_avg'\)\n$"),
     # one more: the head tied to the token table
     ("sample weights that hold nan", "sample", lambda d, t, g: [f"--out_dir={_edited(g, nan_weight=True)}"],
-     r"the checkpoint's weights hold nan or inf \(transformer.wte.weight and 1 more\), so it is damaged; use the run's "
-     r"other checkpoint \(--ckpt=best or latest\)\n$"),
+     r"edited/ckpt.pt's weights hold nan or inf \(transformer.wte.weight and 1 more\): the run had diverged when "
+     r"it was saved, or the file is damaged; sample the run's other checkpoint \(--ckpt=best or latest\)\n$"),
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
      r"ckpt_best.pt does not exist \(no evaluation since iteration 0 has scored better than the untrained "

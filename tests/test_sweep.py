@@ -722,8 +722,13 @@ def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_pa
     assert sweep.main(["report", str(out)]) == 2
     captured = capsys.readouterr()
     assert "| n_layer=1 |" in captured.out
-    assert captured.err.startswith(f"error: the report cannot be written into {out} (Is a directory)")
+    assert captured.err.startswith(f"error: the report cannot be written to {out / 'sweep.csv'} (Is a directory)")
     assert captured.err.count("\n") == 1
+    (out / "sweep.csv").rmdir()
+    (out / "curves.png").unlink()
+    (out / "curves.png").mkdir()                # the picture, written by matplotlib, is named too
+    assert sweep.main(["report", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: the report cannot be written to {out / 'curves.png'} (")
 
 
 @pytest.mark.parametrize("record", [{"axes": {"n_layer": [1]}, "seeds": "x", "base_seed": 1, "command": ""},
