@@ -66,8 +66,9 @@ def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> 
     names = list(axes)
     count = math.prod(len(axes[n]) for n in names) * seeds
     if count > MAX_RUNS:
-        raise UserError(f"the sweep would make {count:,} runs ({seeds} seeds of each setting), more than "
-                        f"{MAX_RUNS:,}; give fewer seeds or axis values")
+        each = f"{seeds} seed{'s' * (seeds != 1)} of each setting"
+        raise UserError(f"the sweep would make {count:,} runs ({each}), more than {MAX_RUNS:,}; give "
+                        "fewer seeds or axis values")
     runs = []
     for values in itertools.product(*(axes[n] for n in names)):
         setting = dict(zip(names, values))
