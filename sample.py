@@ -56,7 +56,9 @@ def sample(cfg: SampleConfig):
                         "--ckpt=latest samples ckpt.pt")
     if cfg.ckpt == "latest" and not (run / name).exists() and (run / "ckpt_best.pt").is_file():
         raise UserError(f"{run / name} does not exist; --ckpt=best samples ckpt_best.pt")
-    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name)
+    other, flag = ("ckpt_best.pt", "best") if cfg.ckpt == "latest" else ("ckpt.pt", "latest")
+    otherwise = f"; --ckpt={flag} samples {other}" if (run / other).is_file() else ""
+    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name, otherwise)
     prompt = read_prompt(cfg.start)
     ids = encode_prompt(tok, prompt, default=cfg.start == SampleConfig.start)
     if not ids:

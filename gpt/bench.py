@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, TrainConfig, UserError, check_types, build, help_text, opt, parse_argv
+from .config import (GPTConfig, TrainConfig, UserError, build, check_types, convert, fields_of, help_text, opt,
+                     parse_argv)
 from .console import interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .precision import matmul_precision
@@ -211,6 +212,20 @@ def format_table(r: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def resumes(argv: list[str]) -> bool:
+    """Whether argv asks for --resume, in any of the forms parse_argv takes (a bare flag, =value,
+    or the value as the next argument)."""
+    for i, token in enumerate(argv):
+        name, eq, value = token.partition("=")
+        if name == "--resume":
+            if not eq:
+                following = argv[i + 1] if i + 1 < len(argv) else "--"
+                value = "true" if following.startswith("--") else following
+            if convert("resume", value, fields_of((TrainConfig,))):
+                return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sections = (GPTConfig, TrainConfig, BenchConfig)
@@ -221,11 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = None
     try:
-        given_names = {a.partition("=")[0] for a in argv}
-        if "--max_iters" in given_names:
+        if any(a.partition("=")[0] == "--max_iters" for a in argv):
             raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
                             "steps); use --bench_iters=N")
-        if "--resume" in given_names:   # it would time the default model, not the run's
+        if resumes(argv):     # asked before parse_argv, whose line for it with --config is train.py's
             raise UserError("--resume: the bench times a fresh model of the settings given; give "
                             "the run's --config and options instead")
         args = parse_argv(argv, sections)

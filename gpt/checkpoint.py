@@ -183,19 +183,20 @@ def _problem(ckpt: dict, needs) -> str | None:
             return f"its {key}: {problem}"
     if "meta" in needs and not valid_meta(ckpt["meta"]):
         return "its vocabulary (meta) is incomplete or malformed"
-    if "iter" in needs:     # what a resume reads besides: a wrong type would fail far from here
-        counts = ckpt["iter"], ckpt["last_eval_iter"]
-        if not (all(type(n) is int for n in counts) and counts[0] >= 0 and counts[1] >= -1):
-            return f"its iteration counts (iter={counts[0]!r}, last_eval_iter={counts[1]!r}) are malformed"
-        best = ckpt["best_val_loss"]
-        if type(best) not in (int, float) or math.isnan(best):
-            return f"its best_val_loss={best!r} is not a number"
-        optimizer = ckpt["optimizer"]
-        if not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-                and isinstance(optimizer.get("param_groups"), list)):
-            return "its optimizer state is malformed"
-        if not (isinstance(ckpt["rng"], dict) and isinstance(ckpt["batch_rng"], torch.Tensor)):
-            return "its random states are malformed"
+    # what a resume reads besides: a wrong type would fail far from here
+    for key, least in (("iter", 0), ("last_eval_iter", -1)):
+        if key in needs and not (type(ckpt[key]) is int and ckpt[key] >= least):
+            return f"its {key}={ckpt[key]!r} is not a count"
+    best = ckpt.get("best_val_loss")
+    if "best_val_loss" in needs and (type(best) not in (int, float) or math.isnan(best)):
+        return f"its best_val_loss={best!r} is not a number"
+    optimizer = ckpt.get("optimizer")
+    if "optimizer" in needs and not (isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+                                     and isinstance(optimizer.get("param_groups"), list)):
+        return "its optimizer state is malformed"
+    if ("rng" in needs and not isinstance(ckpt["rng"], dict)
+            or "batch_rng" in needs and not isinstance(ckpt["batch_rng"], torch.Tensor)):
+        return "its random states are malformed"
     return None
 
 
@@ -267,8 +268,9 @@ def load_weights(model: GPT, ckpt: dict) -> None:
     model.load_state_dict(ckpt["model"])
 
 
-def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
-    """(model in eval mode on device, tokenizer) of the run in out_dir."""
+def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):
+    """(model in eval mode on device, tokenizer) of the run in out_dir; `otherwise` ends the
+    message about weights that are not finite, with what else the caller could load."""
     from .data import tokenizer_from_meta
     ckpt = load(Path(out_dir) / name, map_location=device)
     # a stop saves ckpt.pt unevaluated, so a diverged run's may hold them; sampling would fail deep
@@ -277,6 +279,5 @@ def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt"):
     if broken:
         more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
         raise UserError(f"{Path(out_dir) / name}'s weights hold nan or inf ({broken[0]}{more}): the run had "
-                        "diverged when it was saved, or the file is damaged; sample the run's other checkpoint "
-                        "(--ckpt=best or latest)")
+                        f"diverged when it was saved, or the file is damaged{otherwise}")
     return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])

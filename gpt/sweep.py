@@ -104,9 +104,6 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
         if values.get(name):
             raise UserError(f"--{name}: a sweep resumes its stopped runs and restarts its failed ones "
                             f"by itself; run the same command again without --{name}")
-    for r in runs:
-        if r.folder.exists() and not r.folder.is_dir():
-            raise UserError(f"{r.folder} is a file, where the sweep keeps that run; move it away")
     longest = max((r.folder.name for r in runs), key=lambda name: len(os.fsencode(name)))
     if len(os.fsencode(longest)) > NAME_MAX:    # the run folders are named by their settings
         raise UserError(f"a run's folder would be named {longest[:60]}..., {len(os.fsencode(longest))} "
@@ -121,6 +118,9 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
                             f"and {setting_label(r.setting)}); give values that differ by more than case "
                             "or path spelling")
         seen[key] = r
+    for r in runs:      # after the names' length: a name too long makes exists() fail
+        if r.folder.exists() and not r.folder.is_dir():
+            raise UserError(f"{r.folder} is a file, where the sweep keeps that run; move it away")
     configs = [(build(GPTConfig, {**values, **_setting(r)}),
                 build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
                for r in runs]
@@ -130,9 +130,12 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
     for name in runs[0].setting:
         if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
             schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})
-            raise UserError(f"the axis {name}: lr_schedule={','.join(schedules)} does not read it, so "
-                            f"the runs would train alike; {' and '.join(READ_BY_SCHEDULES[name])} do: "
-                            "set --lr_schedule to one, or sweep lr_schedule too")
+            readers = READ_BY_SCHEDULES[name]
+            fix = ("add one to the lr_schedule axis" if "lr_schedule" in runs[0].setting
+                   else "set --lr_schedule to one, or sweep lr_schedule too")
+            raise UserError(f"the axis {name}: lr_schedule={','.join(schedules)} does not read it, so the "
+                            f"runs would train alike; only {', '.join(readers)} read{'s' * (len(readers) == 1)} "
+                            f"it: {fix}")
     return configs
 
 
@@ -152,7 +155,7 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
     path = run.folder / "config.json"
     if not path.exists():
         return []
-    record = _read_json(path)
+    record = _read_json(path, RUN_RECORD)
     changed = []
     for section, cfg in (("model", model_cfg), ("train", train_cfg)):
         try:    # a field newer than the run takes its default, as the run did
@@ -298,10 +301,10 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
                     (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
                     log = open(r.folder / "log.txt", "a")
                 except OSError as e:    # a full disk, a file put where the folder goes meanwhile
+                    stopped = "; the runs under way were stopped and saved" if running else ""
                     _stop(running, done, len(runs))
-                    raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}); the runs "
-                                    "under way were stopped and saved: fix it, and run the same command "
-                                    "again to continue") from None
+                    raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}){stopped}: fix "
+                                    "it, and run the same command again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint
                 proc = subprocess.Popen(_command(values, r, threads), stdout=log,
@@ -367,16 +370,21 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
 
 # ---------------------------------------------------------------- report
 
-def _read_json(path: Path) -> dict:
+# what to do about a damaged file: the sweep writes its sweep.json and a run's result.json again;
+# a run's config.json is written by the run as it starts
+REWRITTEN = "remove it, and the sweep's command writes it again"
+RUN_RECORD = "move the run's folder away, and the sweep's command trains it again"
+
+
+def _read_json(path: Path, fix: str = REWRITTEN) -> dict:
     try:
         data = json.loads(path.read_text())
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror or e})") from None
-    except json.JSONDecodeError as e:   # the sweep writes each of its files again: losing one is safe
-        raise UserError(f"{path} is damaged ({e}); remove it, and the sweep's command writes it again") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is damaged ({e}); {fix}") from None
     if not isinstance(data, dict):
-        raise UserError(f"{path} does not hold a JSON object; remove it, and the sweep's command writes it "
-                        "again")
+        raise UserError(f"{path} does not hold a JSON object; {fix}")
     return data
 
 
@@ -404,7 +412,7 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
         evals = _evals(r.folder)
         config_path = r.folder / "config.json"
-        record = _read_json(config_path) if config_path.exists() else {}
+        record = _read_json(config_path, RUN_RECORD) if config_path.exists() else {}
         result_path = r.folder / "result.json"
         result = _read_json(result_path) if result_path.exists() else {}
         final = evals[-1] if evals else {}
@@ -459,7 +467,8 @@ def odd_runs(rows: list[dict], axes, names: tuple[str, ...] | None = None) -> li
     def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
         return min(options, key=lambda o: (not follows(o), o))
     odd, split = {}, []
-    for name in sorted({k for r in rows for k in r["_config"]} - skip) if names is None else names:
+    for name in (sorted({k for r in rows for k in r["_config"]} - skip) if names is None
+                 else [n for n in names if n not in axes]):
         have = [r for r in rows if name in r["_config"]
                 and read_by(r["_config"].get("lr_schedule", TrainConfig.lr_schedule), name)]
         read = [readings(r["_config"], name) for r in have]

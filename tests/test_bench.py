@@ -40,6 +40,9 @@ def test_bench_rejects_bad_arguments(capsys):
     assert "--bench_iters=" in shown and "--n_layer=" in shown
     assert not any(f"--{name}=" in shown for name in ("max_iters", "resume", *bench.SET_BY_BENCH))
     assert f"{', '.join(bench.SET_BY_BENCH)} are accepted, and not used." in shown
+    assert [bench.resumes(argv) for argv in (["--resume"], ["--resume", "--n_layer=1"], ["--resume", "no"],
+                                             ["--resume=false"], ["--resume", "true"], ["--n_layer=1"])] == [
+        True, True, False, False, True, False]
     # it would time the default model; with --config, not the line that sends one to train.py
     for argv in (["--out_dir=out/some_run", "--resume"], ["--config", "shakespeare_char", "--resume=true"]):
         assert bench.main(argv) == 2

@@ -511,10 +511,10 @@ ERRORS = [  # (name, script, argv builder, expected message)
     # the plain values a resume reads, damaged: named here, not a TypeError far on
     ("resume an iteration that is text", "train",
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': '2'})}", "--resume", "--max_iters=4"],
-     r"cannot be used: its iteration counts \(iter='2', last_eval_iter=\d+\) are malformed\n$"),
+     r"cannot be used: its iter='2' is not a count\n$"),
     ("resume a negative iteration", "train",
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': -5})}", "--resume", "--max_iters=4"],
-     r"cannot be used: its iteration counts \(iter=-5, last_eval_iter=\d+\) are malformed\n$"),
+     r"cannot be used: its iter=-5 is not a count\n$"),
     ("resume a best loss that is not a number", "train",
      lambda d, t, g: [f"--out_dir={_edited(g, parts={'best_val_loss': math.nan})}", "--resume", "--max_iters=4"],
      r"cannot be used: its best_val_loss=nan is not a number\n$"),
@@ -533,7 +533,10 @@ ERRORS = [  # (name, script, argv builder, expected message)
     # one more: the head tied to the token table
     ("sample weights that hold nan", "sample", lambda d, t, g: [f"--out_dir={_edited(g, nan_weight=True)}"],
      r"edited/ckpt.pt's weights hold nan or inf \(transformer.wte.weight and 1 more\): the run had diverged when "
-     r"it was saved, or the file is damaged; sample the run's other checkpoint \(--ckpt=best or latest\)\n$"),
+     r"it was saved, or the file is damaged\n$"),     # the copy holds no ckpt_best.pt to offer
+    ("sample weights that hold nan beside a best checkpoint", "sample",
+     lambda d, t, g: [f"--out_dir={_edited(g, nan_weight=True, best=True)}"],
+     r"the file is damaged; --ckpt=best samples ckpt_best.pt\n$"),
     ("sample the best checkpoint of a run that has none", "sample",
      lambda d, t, g: [f"--out_dir={_without_best(g)}", "--ckpt=best"],
      r"ckpt_best.pt does not exist \(no evaluation since iteration 0 has scored better than the untrained "
@@ -582,10 +585,10 @@ def _toml(tmp_path, text):
     return str(path)
 
 
-def _edited(good, drop=None, parts=None, optimizer_entry=None, nan_weight=False, **model_config):
+def _edited(good, drop=None, parts=None, optimizer_entry=None, nan_weight=False, best=False, **model_config):
     """A copy of good's checkpoint without the key `drop`, with other model_config values, with
     other top-level parts, with the optimizer state of the first weight replaced, or with a nan
-    in the token table."""
+    in the token table; best: beside a copy of good's ckpt_best.pt."""
     ckpt = checkpoint.load(good / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
     ckpt.pop(drop, None)
     if nan_weight:
@@ -597,6 +600,8 @@ def _edited(good, drop=None, parts=None, optimizer_entry=None, nan_weight=False,
     folder = good.parent / "edited"
     folder.mkdir()
     checkpoint.save(ckpt, folder / "ckpt.pt")
+    if best:
+        shutil.copy(good / "ckpt_best.pt", folder)
     return folder
 
 

@@ -3,6 +3,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,12 @@ def test_the_report_names_runs_whose_speed_settings_differ(data_dir, tmp_path, c
             "compare alike: activation=gelu_tanh__seed=1337: flush_denormal=false (the others true).")
     assert note in out_text and note in (out / "summary.md").read_text()
     assert "differ from the rest of the sweep beyond its axes" not in out_text     # the losses compare
+    # a speed setting that is an axis is what the sweep compares: not named
+    rows = [{"_setting": f"flush_denormal={v}", "seed": 1, "_config": {"flush_denormal": v, "threads": 1}}
+            for v in (True, False)]
+    assert sweep.odd_runs(rows, {"flush_denormal": [True, False]}, sweep.SPEED) == []
+    assert sweep.odd_runs(rows, {}, sweep.SPEED) == [
+        "flush_denormal is split: false in 1 (flush_denormal=False__seed=1), true in 1 (flush_denormal=True__seed=1)"]
 
 
 def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(data_dir, tmp_path, capsys):
@@ -529,8 +536,21 @@ def test_a_sweep_over_a_setting_no_run_reads_is_refused(data_dir, tmp_path, caps
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", *extra, "--sweep", axis)) == 2
     name = axis.split("=")[0]
     err = capsys.readouterr().err
-    assert re.fullmatch(rf"error: the axis {name}: lr_schedule=\w+ does not read it, so the runs would "
-                        rf"train alike; [\w ]+ do: set --lr_schedule to one, or sweep lr_schedule too\n", err)
+    readers = "wsd reads" if name == "cooldown_frac" else "cosine, linear, wsd read"
+    assert err == (f"error: the axis {name}: lr_schedule={'constant' if extra else 'cosine'} does not read it, "
+                   f"so the runs would train alike; only {readers} it: set --lr_schedule to one, or sweep "
+                   "lr_schedule too\n")
+    assert not out.exists()
+
+
+def test_a_sweep_over_a_setting_no_value_of_its_schedule_axis_reads_is_refused(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--sweep", "lr_schedule=constant,cosine",
+                     "--sweep", "cooldown_frac=0.1,0.5")
+    assert train.main(argv) == 2
+    assert capsys.readouterr().err == ("error: the axis cooldown_frac: lr_schedule=constant,cosine does not read "
+                                       "it, so the runs would train alike; only wsd reads it: add one to the "
+                                       "lr_schedule axis\n")
     assert not out.exists()
 
 
@@ -587,10 +607,15 @@ def test_a_file_where_a_run_folder_goes_is_refused(data_dir, tmp_path, capsys, m
             raise OSError(28, "No space left on device")
         return real_mkdir(self, *args, **kwargs)
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    assert train.main(argv) == 2
-    assert capsys.readouterr().err.endswith(
-        f"error: cannot start the run in {out / 'residual=false__seed=1337'} (No space left on device); the "
-        "runs under way were stopped and saved: fix it, and run the same command again to continue\n")
+    stopped, real_stop = [], sweep._stop
+    monkeypatch.setattr(sweep, "_stop", lambda running, *a: stopped.append(len(running)) or real_stop(running, *a))
+    # two at once: the first run is under way when the second cannot start; one at a time: it is done
+    for jobs, under_way in (("--jobs=2", "; the runs under way were stopped and saved"), ("--jobs=1", "")):
+        assert train.main([*argv, jobs]) == 2
+        assert capsys.readouterr().err.endswith(
+            f"error: cannot start the run in {out / 'residual=false__seed=1337'} (No space left on device)"
+            f"{under_way}: fix it, and run the same command again to continue\n")
+    assert stopped == [1, 0]
     monkeypatch.undo()
     assert train.main(argv) == 0
 
@@ -645,10 +670,11 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     assert "config.json is not a run config of this project" in capsys.readouterr().err
     (run / "config.json").write_text("")                    # cut short
     assert train.main([*argv, "--learning_rate=2e-3"]) == 2
-    assert re.fullmatch(r"error: .*config.json is damaged \(Expecting value: .*\); remove it, and the sweep's "
-                        r"command writes it again\n", capsys.readouterr().err)
-    (run / "config.json").unlink()                          # as told
+    assert re.fullmatch(r"error: .*config.json is damaged \(Expecting value: .*\); move the run's folder away, "
+                        r"and the sweep's command trains it again\n", capsys.readouterr().err)
+    shutil.move(run, tmp_path / "aside")                    # as told
     assert train.main([*argv, "--learning_rate=2e-3"]) == 0
+    assert json.loads((run / "config.json").read_text())["train"]["learning_rate"] == 2e-3
 
 
 def test_a_sweep_resumes_a_stopped_run_it_started(data_dir, tmp_path, monkeypatch):
@@ -742,14 +768,18 @@ def test_a_damaged_sweep_description_gets_one_line(record, tmp_path, capsys):
 
 def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_anything_is_written(data_dir, tmp_path):
     out = tmp_path / "sw"
-    with pytest.raises(UserError, match=r"^a run's folder would be named learning_rate=0.001__.*, 2\d\d bytes, more "
-                                        r"than the 255 a file system allows; sweep fewer axes"):
-        sweep.run(parse_argv(tiny_args(data_dir, out, *(f"--sweep={name}={value}" for name, value in (
-            ("learning_rate", "0.001"), ("weight_decay", "0.01"), ("beta2", "0.95"), ("warmup_iters", "10"),
-            ("grad_clip", "0.5"), ("norm_placement", "sandwich"), ("pos_encoding", "sinusoidal"),
-            ("activation", "gelu_tanh"), ("scale_embeddings", "true"), ("tie_weights", "false"),
-            ("qk_norm", "true"), ("norm_type", "rmsnorm"), ("lr_schedule", "constant"))))), [])
-    assert not out.exists()
+    argv = tiny_args(data_dir, out, *(f"--sweep={name}={value}" for name, value in (
+        ("learning_rate", "0.001"), ("weight_decay", "0.01"), ("beta2", "0.95"), ("warmup_iters", "10"),
+        ("grad_clip", "0.5"), ("norm_placement", "sandwich"), ("pos_encoding", "sinusoidal"),
+        ("activation", "gelu_tanh"), ("scale_embeddings", "true"), ("tie_weights", "false"),
+        ("qk_norm", "true"), ("norm_type", "rmsnorm"), ("lr_schedule", "constant"))))
+    for made in (False, True):      # in a folder that exists, where asking after the name would fail
+        if made:
+            out.mkdir()
+        with pytest.raises(UserError, match=r"^a run's folder would be named learning_rate=0.001__.*, 2\d\d bytes, "
+                                            r"more than the 255 a file system allows; sweep fewer axes"):
+            sweep.run(parse_argv(argv), [])
+        assert out.exists() == made and not any(out.iterdir() if made else ())
 
 
 def test_a_data_dir_axis_with_a_tilde_names_its_runs_as_typed_and_trains_in_the_home_folder(data_dir, tmp_path,
