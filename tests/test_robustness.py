@@ -414,6 +414,11 @@ def _other_vocab(data_dir):
     return data_dir
 
 
+def _resume(**edit):
+    """The arguments that resume a copy of the good run's checkpoint, edited as _edited does."""
+    return lambda d, t, g: [f"--out_dir={_edited(g, **edit)}", "--resume", "--max_iters=4"]
+
+
 ERRORS = [  # (name, script, argv builder, expected message)
     ("unknown config", "train", lambda d, t, g: ["--config", "shakespeare_chr"],
      r"no config named .shakespeare_chr.; did you mean shakespeare_char\? available: "),
@@ -483,13 +488,11 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"top_p=2.0 must be in \(0, 1\]"),
     ("checkpoint of another version", "sample", lambda d, t, g: [f"--out_dir={_edited(g, drop='meta')}"],
      r"lacks meta: it was written by another version of this project"),
-    ("resume another version", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, drop='last_eval_iter')}", "--resume", "--max_iters=4"],
+    ("resume another version", "train", _resume(drop='last_eval_iter'),
      r"lacks last_eval_iter: it was written by another version"),
     ("weights unlike their config", "sample", lambda d, t, g: [f"--out_dir={_edited(g, n_embd=32)}"],
      r"the checkpoint's weights do not fit its own model config"),
-    ("resume weights unlike their config", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, n_embd=32)}", "--resume", "--max_iters=4"],
+    ("resume weights unlike their config", "train", _resume(n_embd=32),
      r"the checkpoint's weights do not fit its own model config"),
     ("a model option of the wrong type", "sample", lambda d, t, g: [f"--out_dir={_edited(g, n_head='4')}"],
      r"edited/ckpt.pt cannot be used: its model_config: n_head='4' is not a whole number\n$"),
@@ -504,31 +507,22 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"cannot be used: its vocabulary \(meta\) is incomplete or malformed\n$"),
     ("weights that are not tensors", "sample", lambda d, t, g: [f"--out_dir={_edited(g, parts={'model': [1, 2]})}"],
      r"cannot be used: its weights are not a table of tensors\n$"),
-    ("resume with a damaged replaced option", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': {'decay_lr': 'yes'}})}", "--resume",
-                      "--max_iters=4"],
+    ("resume with a damaged replaced option", "train", _resume(parts={'train_config': {'decay_lr': 'yes'}}),
      r"cannot be used: its train_config: decay_lr='yes' is not one of its values\n$"),
     # the plain values a resume reads, damaged: named here, not a TypeError far on
-    ("resume an iteration that is text", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': '2'})}", "--resume", "--max_iters=4"],
+    ("resume an iteration that is text", "train", _resume(parts={'iter': '2'}),
      r"cannot be used: its iter='2' is not a count\n$"),
-    ("resume a negative iteration", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'iter': -5})}", "--resume", "--max_iters=4"],
+    ("resume a negative iteration", "train", _resume(parts={'iter': -5}),
      r"cannot be used: its iter=-5 is not a count\n$"),
-    ("resume a best loss that is not a number", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'best_val_loss': math.nan})}", "--resume", "--max_iters=4"],
+    ("resume a best loss that is not a number", "train", _resume(parts={'best_val_loss': math.nan}),
      r"cannot be used: its best_val_loss=nan is not a number\n$"),
-    ("resume an empty optimizer state", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'optimizer': {}})}", "--resume", "--max_iters=4"],
+    ("resume an empty optimizer state", "train", _resume(parts={'optimizer': {}}),
      r"cannot be used: its optimizer state is malformed\n$"),
-    ("resume without random states", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'rng': None})}", "--resume", "--max_iters=4"],
+    ("resume without random states", "train", _resume(parts={'rng': None}),
      r"cannot be used: its random states are malformed\n$"),
-    ("resume random states missing a part", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'rng': {}})}", "--resume", "--max_iters=4"],
+    ("resume random states missing a part", "train", _resume(parts={'rng': {}}),
      r"edited/ckpt.pt cannot be resumed: damage in its random states \(KeyError: 'torch'\)\n$"),
-    ("resume an optimizer state missing a part", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, optimizer_entry={})}", "--resume", "--max_iters=4"],
+    ("resume an optimizer state missing a part", "train", _resume(optimizer_entry={}),
      r"edited/ckpt.pt cannot be resumed: damage in its optimizer state \(KeyError: 'exp_avg'\)\n$"),
     # one more: the head tied to the token table
     ("sample weights that hold nan", "sample", lambda d, t, g: [f"--out_dir={_edited(g, nan_weight=True)}"],
@@ -544,8 +538,7 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("sample the latest checkpoint of a run that has only its best", "sample",
      lambda d, t, g: [f"--out_dir={_without_latest(g)}"],
      r"ckpt.pt does not exist; --ckpt=best samples ckpt_best.pt\n$"),
-    ("resume with a damaged training config", "train",
-     lambda d, t, g: [f"--out_dir={_edited(g, parts={'train_config': 'fast'})}", "--resume", "--max_iters=4"],
+    ("resume with a damaged training config", "train", _resume(parts={'train_config': 'fast'}),
      r"cannot be used: its train_config: not a table of values\n$"),
     ("a checkpoint that is a folder", "sample", lambda d, t, g: [f"--out_dir={_folder_ckpt(t)}"],
      r"ckpt.pt is a folder, not a checkpoint\n$"),
