@@ -30,8 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .config import (GPTConfig, TrainConfig, UserError, build, check_types, convert, fields_of, help_text, opt,
-                     parse_argv)
+from .config import GPTConfig, TrainConfig, UserError, build, check_types, help_text, opt, parse_argv
 from .console import interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .precision import matmul_precision
@@ -212,20 +211,6 @@ def format_table(r: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def resumes(argv: list[str]) -> bool:
-    """Whether argv asks for --resume, in any of the forms parse_argv takes (a bare flag, =value,
-    or the value as the next argument)."""
-    for i, token in enumerate(argv):
-        name, eq, value = token.partition("=")
-        if name == "--resume":
-            if not eq:
-                following = argv[i + 1] if i + 1 < len(argv) else "--"
-                value = "true" if following.startswith("--") else following
-            if convert("resume", value, fields_of((TrainConfig,))):
-                return True
-    return False
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sections = (GPTConfig, TrainConfig, BenchConfig)
@@ -239,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         if any(a.partition("=")[0] == "--max_iters" for a in argv):
             raise UserError("--max_iters: the bench sets it itself (bench_warmup + bench_iters "
                             "steps); use --bench_iters=N")
-        if resumes(argv):     # asked before parse_argv, whose line for it with --config is train.py's
+        args = parse_argv(argv, sections)
+        if args.values.get("resume"):   # it would time the default model, not the run's
             raise UserError("--resume: the bench times a fresh model of the settings given; give "
                             "the run's --config and options instead")
-        args = parse_argv(argv, sections)
         bench = build(BenchConfig, args.values)
         model_cfg, train_cfg = build(GPTConfig, args.values), build(TrainConfig, args.values)
         # at once, on stderr (--json keeps stdout): a bare call times the full default model

@@ -584,8 +584,9 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             where = (f"--{name}" if name in raw else f"--sweep {name}" if name in sweep
                      else f"{config_name} sets {name}")
             raise UserError(f"{where}: {name} is set by {f.metadata['given_by']}, not by hand; remove it")
-    if config_name and values.get("resume") and not (sweep or file_sweep) and TrainConfig in sections:
-        # the file's values would silently replace the run's own (its warmup, its schedule)
+    if config_name and values.get("resume") and not (sweep or file_sweep) and SweepConfig in sections:
+        # the file's values would silently replace the run's own (its warmup, its schedule); for
+        # train.py alone, as the bench refuses --resume in its own words
         folder = values.get("out_dir", TrainConfig.out_dir)
         raise UserError(f"--resume continues a run with the settings in its checkpoint, which "
                         f"{config_name}'s would replace; run train.py --out_dir={shown(folder)} "
