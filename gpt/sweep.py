@@ -34,8 +34,9 @@ from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepCon
 from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
+from .split import parts_for
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
-                      read_jsonl, run_record, write_json)
+                      read_jsonl, resolve_device, run_record, write_json)
 
 
 @dataclass
@@ -97,7 +98,12 @@ def _command(values: dict, run: Run, threads: int) -> list[str]:
     return [sys.executable, str(REPO_ROOT / "train.py"), *(f"--{k}={_text(v)}" for k, v in args.items())]
 
 
-def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainConfig]]:
+def run_threads(jobs: int) -> int:
+    """CPU threads each run gets, unless --threads gives them."""
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def _check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTConfig, TrainConfig]]:
     """Fail before anything runs: on --resume, on two settings that would share a run folder, and
     on any grid point that is not a valid config. Returns each run's configs."""
     for name in ("resume", "overwrite"):
@@ -124,9 +130,10 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
     configs = [(build(GPTConfig, {**values, **_setting(r)}),
                 build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
                for r in runs]
-    for _, train_cfg in configs:
+    for model_cfg, train_cfg in configs:
         check_threads(train_cfg)
         check_compile(train_cfg)
+        parts_for(model_cfg, train_cfg, resolve_device(train_cfg.device), 1, train_cfg.threads or threads)
     for name in runs[0].setting:
         if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
             schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})
@@ -140,13 +147,14 @@ def _check_grid(values: dict, runs: list[Run]) -> list[tuple[GPTConfig, TrainCon
 
 
 # what may differ between a run's starts without changing what is compared: where and how fast it
-# runs (flush_denormal changes only values below float32's smallest normal, yet after many steps the
-# losses drift within seed noise; runs older than the field never flushed); the folder is the run's own
-NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "resume", "overwrite", "wandb",
-                "wandb_project", "wandb_run_name"}
+# runs (flush_denormal changes only values below float32's smallest normal, and thread_split the order
+# of sums, yet after many steps the losses drift within seed noise; runs older than these fields never
+# flushed or split); the folder is the run's own
+NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
+                "overwrite", "wandb", "wandb_project", "wandb_run_name"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)
-SPEED = ("flush_denormal", "threads")
+SPEED = ("flush_denormal", "threads", "thread_split")
 
 
 def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
@@ -246,7 +254,7 @@ def run(args, argv: list[str]) -> int:
                   f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
                   "batch_size)")
     runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
-    run_cfgs = _check_grid(values, runs)
+    run_cfgs = _check_grid(values, runs, run_threads(sweep_cfg.jobs))
     ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
     for r, (model_cfg, train_cfg), end in zip(runs, run_cfgs, ended):
         kept = end or (r.folder / "ckpt.pt").exists()   # else it starts afresh, keeping nothing
@@ -286,7 +294,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
             todo.append(r)
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = run_threads(jobs)
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     done = len(runs) - len(todo)
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does

@@ -562,6 +562,13 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("a sweep with more threads than CPUs", "train",
      lambda d, t, g: tiny_args(d, t / "sw", "--threads=1000000", "--sweep", "residual=true,false"),
      r"threads=1000000 is more than the \d+ CPUs here"),
+    ("a batch split with dropout", "train",
+     lambda d, t, g: tiny_args(d, g, "--thread_split=batch", "--dropout=0.1"),
+     r"error: thread_split=batch cannot split this run: dropout=0.1 draws masks in the threads' order; "
+     r"pass --thread_split=auto or ops\n$"),
+    ("a sweep with a batch split and dropout", "train",
+     lambda d, t, g: tiny_args(d, t / "sw", "--thread_split=batch", "--sweep", "dropout=0.1,0.2"),
+     r"thread_split=batch cannot split this run: dropout=0.1 draws masks"),
     ("compile and medium together on a CPU", "train",
      lambda d, t, g: tiny_args(d, g, "--compile=true", "--matmul_precision=medium"),
      r"compile=true with matmul_precision=medium made CPU steps 2x slower .*; use one of the two\n$"),

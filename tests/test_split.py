@@ -1,0 +1,184 @@
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+import train
+from conftest import tiny_args
+from gpt import checkpoint
+from gpt import model as model_module
+from gpt.config import GPTConfig, TrainConfig, UserError
+from gpt.model import GPT, attention
+from gpt.split import AUTO_MAX_THREADS, RowSplit, parts_for
+from test_train import read_metrics
+
+two_cpus = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
+
+
+@pytest.fixture
+def threads_kept():
+    found = torch.get_num_threads()
+    yield found
+    torch.set_num_threads(found)
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=30, dropout=0.0))
+
+
+def batch(rows: int):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 30, (rows, 16), generator=g), torch.randint(0, 30, (rows, 16), generator=g)
+
+
+def grads_of(params):
+    grads = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    return grads
+
+
+def split_grads(model, x, y, parts, scales=(1.0,), dtype=torch.float32):
+    params = list(model.parameters())
+    split = RowSplit(model, params, parts, dtype, flush_denormal=False)
+    try:
+        losses = [split.backward(x, y, scale) for scale in scales]
+    finally:
+        split.close()
+    return losses, grads_of(params)
+
+
+def test_a_split_step_gives_the_whole_batchs_loss_and_gradients(threads_kept):
+    model = tiny_model()
+    params = list(model.parameters())
+    x, y = batch(7)                                 # parts of 3, 2 and 2 rows: weighed by their rows
+    _, loss = model(x, y)
+    loss.backward()
+    whole = grads_of(params)
+    (split_loss,), split = split_grads(model, x, y, 3)
+    assert split_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+    # accumulated: two micro-batches at 1/2 each add up to one; and the same sums every time
+    (_, _), halves = split_grads(model, x, y, 3, scales=(0.5, 0.5))
+    for a, b in zip(whole, halves):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+    _, again = split_grads(model, x, y, 3)
+    assert all(torch.equal(a, b) for a, b in zip(split, again))
+    assert torch.get_num_threads() == threads_kept      # close gives the caller its threads back
+
+
+def test_each_part_runs_on_one_core_in_the_runs_autocast(threads_kept):
+    model = tiny_model()
+    seen = []
+    model.lm_head.register_forward_hook(lambda m, i, out: seen.append(
+        (threading.current_thread().name, torch.get_num_threads(), out.dtype)))
+    split = RowSplit(model, list(model.parameters()), 2, torch.bfloat16, flush_denormal=False)
+    try:
+        split.backward(*batch(4), 1.0)
+        assert torch.get_num_threads() == 1     # the rest of a step too: no helper threads spinning
+        with split.all_threads():
+            assert torch.get_num_threads() == threads_kept
+        assert torch.get_num_threads() == 1
+    finally:
+        split.close()
+    assert len(seen) == 2 and {(n.startswith("rows"), t, d) for n, t, d in seen} == {(True, 1, torch.bfloat16)}
+    assert torch.get_num_threads() == threads_kept
+
+
+def test_a_part_that_fails_raises_in_the_caller_once_every_part_has_ended(threads_kept):
+    model = tiny_model()
+    ended = []
+    forward = model.forward
+
+    def failing(x, y):
+        if len(x) == 2:
+            raise ValueError("part failed")
+        time.sleep(0.2)         # the other part is still running when this one fails
+        out = forward(x, y)
+        ended.append(len(x))
+        return out
+    model.forward = failing
+    split = RowSplit(model, list(model.parameters()), 2, torch.float32, flush_denormal=False)
+    try:
+        with pytest.raises(ValueError, match="part failed"):
+            split.backward(*batch(5), 1.0)
+        assert ended == [3]
+    finally:
+        split.close()
+
+
+def configs(split="auto", dropout=0.0, batch_size=8, **train):
+    return GPTConfig(dropout=dropout), TrainConfig(thread_split=split, batch_size=batch_size, **train)
+
+
+@pytest.mark.parametrize("how, device, world, threads, parts", [
+    (configs(), "cpu", 1, 2, 2),
+    (configs(), "cpu", 1, AUTO_MAX_THREADS, AUTO_MAX_THREADS),
+    (configs(), "cpu", 1, AUTO_MAX_THREADS + 1, 1),        # not measured with more: torch splits ops
+    (configs("batch"), "cpu", 1, AUTO_MAX_THREADS + 1, AUTO_MAX_THREADS + 1),
+    (configs(batch_size=3), "cpu", 1, 4, 3),                # no part without rows
+    (configs("ops"), "cpu", 1, 2, 1),
+    (configs(), "cpu", 1, 1, 1),
+    (configs(dropout=0.1), "cpu", 1, 2, 1),
+    (configs(compile=True), "cpu", 1, 2, 1),
+    (configs(), "cpu", 2, 2, 1),
+    (configs(batch_size=1), "cpu", 1, 2, 1),
+    (configs("batch"), "cuda", 1, 2, 1),                    # a GPU: one stream of kernels anyway
+])
+def test_a_run_is_split_where_it_can_be(how, device, world, threads, parts):
+    assert parts_for(*how, device, world, threads) == parts
+
+
+@pytest.mark.parametrize("how, world, threads, why", [
+    (configs("batch", dropout=0.1), 1, 2, "dropout=0.1 draws masks in the threads' order"),
+    (configs("batch", compile=True), 1, 2, "compile=true: a compiled model is not called from several"),
+    (configs("batch"), 2, 2, "a run over 2 processes splits its batch between them already"),
+    (configs("batch"), 1, 1, r"one thread \(threads=1\) has nothing to share"),
+    (configs("batch", batch_size=1), 1, 2, "batch_size=1 has one row"),
+])
+def test_a_split_asked_for_that_cannot_be_is_refused(how, world, threads, why):
+    with pytest.raises(UserError, match=f"^thread_split=batch cannot split this run: {why}.*; pass "
+                                        "--thread_split=auto or ops$"):
+        parts_for(*how, "cpu", world, threads)
+
+
+def test_medium_on_a_cpu_that_rounds_does_not_split(cpu_rounds_when_asked):
+    assert parts_for(*configs(matmul_precision="medium"), "cpu", 1, 2) == 1
+    with pytest.raises(UserError, match="matmul_precision=medium on this CPU makes attention flip"):
+        parts_for(*configs("batch", matmul_precision="medium"), "cpu", 1, 2)
+
+
+def untimed(out_dir):
+    return [{k: v for k, v in r.items() if k != "ms"} for r in read_metrics(out_dir, "train")]
+
+
+@two_cpus
+def test_a_split_run_trains_as_an_unsplit_one_and_resumes_exactly(data_dir, tmp_path, capsys, threads_kept,
+                                                                  monkeypatch):
+    seen = []
+    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(
+        (threading.current_thread().name.startswith("rows"), torch.get_num_threads())) or attention(*a))
+    extra = ["--threads=2", "--max_iters=12", "--eval_interval=6", "--seed=5"]
+    split, ops = tmp_path / "split", tmp_path / "ops"
+    assert train.main(tiny_args(data_dir, split, *extra)) == 0
+    assert "(float32, batches split over 2 threads)" in capsys.readouterr().out
+    # steps in the parts' threads on one core each; evaluations on the main thread, on both
+    assert {(True, 1), (False, 2)} == set(seen)
+    assert torch.get_num_threads() == threads_kept
+    assert train.main(tiny_args(data_dir, ops, *extra, "--thread_split=ops")) == 0
+    assert "(float32): " in capsys.readouterr().out
+    a, b = read_metrics(split, "train"), read_metrics(ops, "train")
+    assert [r["iter"] for r in a] == [r["iter"] for r in b]
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4)
+    # stopped half way and resumed, a split run retraces itself to the bit
+    half = tmp_path / "half"
+    assert train.main(tiny_args(data_dir, half, *extra[:-3], "--max_iters=7", "--eval_interval=6",
+                                "--seed=5")) == 0
+    assert train.main([f"--out_dir={half}", "--resume", "--max_iters=12"]) == 0
+    assert untimed(half) == untimed(split)
+    wa, wb = checkpoint.load(split / "ckpt.pt"), checkpoint.load(half / "ckpt.pt")
+    assert all(torch.equal(wa["model"][k], wb["model"][k]) for k in wa["model"])
