@@ -51,15 +51,16 @@ def parts_for(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, t
 
 
 class RowSplit:
-    """Forward and backward of a micro-batch in `parts` threads of one core each, the gradients
-    added into the parameters' .grad in the parts' order."""
+    """Forward and backward of a micro-batch in `parts` threads of one core each (this one and
+    parts - 1 helpers), the gradients added into the parameters' .grad in the parts' order."""
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor], parts: int,
                  autocast_dtype: torch.dtype, flush_denormal: bool):
         self.model, self.params, self.parts = model, params, parts
         self.dtype = autocast_dtype
         self.threads = torch.get_num_threads()
-        self.pool = ThreadPoolExecutor(parts, thread_name_prefix="rows",
+        # this thread takes the first part itself
+        self.pool = ThreadPoolExecutor(parts - 1, thread_name_prefix="rows",
                                        initializer=_one_core, initargs=(flush_denormal,))
         # The rest of a step (clipping, the optimizer) on this thread's one core too: a thread
         # that runs parallel ops keeps its helper threads spinning a while after each, on the
@@ -89,10 +90,13 @@ class RowSplit:
         that mean loss, detached. Every target of a training batch is scored (none is -1), so a
         part's loss weighs by its share of the rows."""
         rows = len(x)
-        futures = [self.pool.submit(self._part, xs, ys, len(xs) / rows, scale)
-                   for xs, ys in zip(x.tensor_split(self.parts), y.tensor_split(self.parts))]
-        wait(futures)       # all of them, so none runs on once one has failed
-        results = [f.result() for f in futures]
+        (x0, *xs), (y0, *ys) = x.tensor_split(self.parts), y.tensor_split(self.parts)
+        futures = [self.pool.submit(self._part, xi, yi, len(xi) / rows, scale) for xi, yi in zip(xs, ys)]
+        try:
+            first = self._part(x0, y0, len(x0) / rows, scale)
+        finally:
+            wait(futures)       # all of them, so none runs on once one has failed
+        results = [first, *(f.result() for f in futures)]
         for _, grads in results:
             for p, g in zip(self.params, grads):
                 if g is not None:

@@ -53,14 +53,11 @@ def keep_freed_memory() -> None:
     """Ask glibc to keep freed memory for reuse. By default it returns large blocks to the OS as
     soon as they are freed, and every CPU training step then pays page faults to get its
     activation buffers back (3.5% of a step for the shakespeare_char shape; glibc adapts by itself
-    for blocks under 32 MB, so small models gain little). One heap for all threads: with one each,
-    the threads of a split batch (gpt/split.py) kept their freed blocks apart, and the CPU recipe
-    peaked at 360 against 318 MB, no faster. Elsewhere this does nothing."""
+    for blocks under 32 MB, so small models gain little). Elsewhere this does nothing."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 256 << 20)         # M_MMAP_THRESHOLD: serve blocks up to 256 MB from the heap
         libc.mallopt(-1, 512 << 20)         # M_TRIM_THRESHOLD: keep up to 512 MB of freed heap
-        libc.mallopt(-8, 1)                 # M_ARENA_MAX: threads allocate from the one heap
     except (OSError, AttributeError):
         pass
 

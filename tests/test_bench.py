@@ -1,5 +1,7 @@
 import json
 import math
+import os
+import re
 
 import pytest
 import torch
@@ -153,3 +155,44 @@ def test_compare_nanogpt_writes_whole_val_losses_and_checks_its_json_path_first(
         assert end.value.code == 2
         assert capsys.readouterr().err == (f"error: --json {bad}: give a file in a folder that exists "
                                            "(see compare_nanogpt.py --help)\n")
+
+
+def _thread_split(*argv):
+    import importlib.util
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location("thread_split", ROOT / "benchmarks" / "thread_split.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(list(argv))
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
+def test_the_thread_split_benchmark_times_both_arms_in_alternating_rounds(data_dir, tmp_path, capsys):
+    found = torch.get_num_threads()
+    args = [a for a in tiny_args(data_dir, tmp_path / "unused") if not a.startswith("--out_dir")]
+    try:
+        assert _thread_split("--rounds", "2", "--steps", "22", *args, "--threads=2") == 0
+    finally:
+        torch.set_num_threads(found)
+    out = capsys.readouterr().out.splitlines()
+    rounds = [re.fullmatch(r"round (\d): batch ([\d.]+) ms, ops ([\d.]+) ms", line) for line in out[:2]]
+    assert [m.group(1) for m in rounds] == ["1", "2"]
+    batch, ops = (sorted(float(m.group(i)) for m in rounds) for i in (2, 3))
+    median = re.fullmatch(r"median ms per step: batch ([\d.]+), ops ([\d.]+); ops / batch = ([\d.]+)", out[2])
+    assert float(median.group(1)) == pytest.approx(sum(batch) / 2, abs=0.01)
+    assert float(median.group(2)) == pytest.approx(sum(ops) / 2, abs=0.01)
+    assert float(median.group(3)) == pytest.approx(float(median.group(2)) / float(median.group(1)), abs=1e-3)
+    assert not (tmp_path / "unused").exists()       # its runs go to a folder it removes
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "20"], r"^error: --steps=20 leaves no step to time: give more than 20 \(see .*--help\)\n$"),
+    (["--rounds", "0"], r"^error: --rounds=0 must be at least 1"),
+    (["--threads=1"], r"^error: thread_split=batch cannot split this run: one thread \(threads=1\) has nothing"),
+])
+def test_the_thread_split_benchmark_refuses_bad_input_in_one_line(argv, message, data_dir, tmp_path, capsys):
+    args = [a for a in tiny_args(data_dir, tmp_path / "unused") if not a.startswith("--out_dir")]
+    with pytest.raises(SystemExit) as stop:
+        _thread_split(*args, *argv)
+    assert stop.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
