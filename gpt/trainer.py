@@ -886,8 +886,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, parts: int, holds: context
     if master:      # at once: a big model's first evaluation may take a while on a CPU
         steps = cfg.max_iters - start_iter
         how = str(dtype).removeprefix("torch.") + (f", batches split over {parts} threads" if split else "")
-        print(f"training {model_cfg.num_params():,} parameters on {device} ({how}): {steps} step{'s' * (steps != 1)} of "
-              f"{tokens_per_iter:,} tokens into {out_dir}", flush=True)
+        print(f"training {model_cfg.num_params():,} parameters on {device} ({how}): {steps} "
+              f"step{'s' * (steps != 1)} of {tokens_per_iter:,} tokens into {out_dir}", flush=True)
 
     stop = StopRequest()
 
@@ -928,8 +928,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, parts: int, holds: context
         minutes, and it runs again on resuming. Under DDP the ranks finish it together, and
         the last one, which no resume would repeat, is always finished."""
         with spread():
-            return mean_losses(raw_model, batches, ("train", "val"), cfg.eval_iters, eval_batch, autocast,
-                           lambda: stoppable and stop.signal is not None and world == 1)
+            return mean_losses(raw_model, batches, ("train", "val"), cfg.eval_iters, eval_batch,
+                               autocast, lambda: stoppable and stop.signal is not None and world == 1)
 
     def stop_at(it: int) -> None:
         signal_name = stop.signal or "a signal to another process"
