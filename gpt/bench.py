@@ -36,6 +36,7 @@ from .model import GPT
 from .precision import matmul_precision
 from .data import load_meta
 from .diagnostics import measure
+from .split import parts_for
 from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
@@ -161,6 +162,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     dtype = autocast_dtype(train_cfg, device)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    parts = parts_for(model_cfg, train_cfg, device, 1, train_cfg.threads or torch.get_num_threads())
     result = time_training(model_cfg, train_cfg, bench)
     training_peak = peak_memory_mb(device)      # before the diagnostics and sampling add theirs
     meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)
@@ -178,7 +180,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     result.update(
         diagnostics_ms=diag_ms,
         diagnostics_share=diag_ms / (diag_ms + train_cfg.eval_interval * result["ms_per_iter"]),
-        device=device, dtype=str(dtype).removeprefix("torch."), params=n_params,
+        device=device, dtype=str(dtype).removeprefix("torch."), split_parts=parts, params=n_params,
         achieved_tflops=achieved / 1e12, peak_tflops=peak / 1e12, peak_source=peak_source,
         mfu=achieved / peak, peak_memory_mb=training_peak,
         sample_new_tokens=new,
@@ -192,7 +194,9 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
 
 def format_table(r: dict) -> str:
     rows = [
-        ("device / dtype", f"{r['device']} / {r['dtype']}"),
+        ("device / dtype", f"{r['device']} / {r['dtype']}" + (f", each batch split by rows over "
+                                                               f"{r['split_parts']} threads"
+                                                               if r["split_parts"] > 1 else "")),
         ("parameters (non-embedding)", f"{r['params']:,}"),
         ("training ms/iter (median)", f"{r['ms_per_iter']:.1f}"),
         ("training tokens/s", f"{r['tokens_per_sec']:,.0f}"),

@@ -245,8 +245,8 @@ class TrainConfig:
     thread_split: str = opt("auto", "CPU: batch gives each thread its own rows of a micro-batch, on "
                             "one core (1.1x faster steps on the CPU recipe, 2 cores); ops lets torch "
                             "split every op between the threads; auto is batch for 2 to 4 threads "
-                            "where a run can split (dropout 0, no compile), else ops",
-                            ("auto", "batch", "ops"))
+                            "where a run can split (batch_size 2 or more; no dropout, compile, "
+                            "torchrun or AMX rounding), else ops", ("auto", "batch", "ops"))
     seed: int = opt(1337, "seed for weights, batches and dropout")
     batch_size: int = opt(64, "sequences per micro-batch")
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (over all processes)")

@@ -23,23 +23,26 @@ import torch
 from .config import GPTConfig, TrainConfig, UserError
 from .precision import torch_level
 
-# Each part's Python code holds the GIL while it calls its ops (about 0.8 ms a step of the CPU
-# recipe), so parts queue for it as they grow in number; measured on 2 cores, so auto splits
-# only up to this many threads.
+# Each part's Python code holds the interpreter lock while it calls its ops (about 0.8 ms of a
+# forward of the CPU recipe), so parts queue for it as they grow in number; the split was measured
+# on 2 cores alone, so auto splits only up to this many threads.
 AUTO_MAX_THREADS = 4
 
 
 def parts_for(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, threads: int) -> int:
     """How many row parts each micro-batch is split into: 1 runs it whole, as torch splits ops."""
-    if cfg.thread_split == "ops" or torch.device(device).type != "cpu":
+    if cfg.thread_split == "ops":
         return 1
+    kind = torch.device(device).type
     why_not = [why for why, holds in (
+        (f"device={device} runs each op on the device; the split is for CPU runs", kind != "cpu"),
         (f"dropout={model_cfg.dropout} draws masks in the threads' order", model_cfg.dropout > 0),
         ("compile=true: a compiled model is not called from several threads", cfg.compile),
         (f"a run over {world} processes splits its batch between them already", world > 1),
         ("matmul_precision=medium on this CPU makes attention flip a process-wide setting",
          torch_level(cfg.matmul_precision, "cpu") == "medium"),
-        (f"one thread (threads={threads}) has nothing to share", threads < 2),
+        ("the run gets one CPU thread (--threads sets the count, and a sweep's --jobs divides "
+         "the CPUs between its runs)", threads < 2),
         (f"batch_size={cfg.batch_size} has one row", cfg.batch_size < 2)) if holds]
     if cfg.thread_split == "batch":
         if why_not:
@@ -56,7 +59,8 @@ class RowSplit:
 
     def __init__(self, model: torch.nn.Module, params: list[torch.Tensor], parts: int,
                  autocast_dtype: torch.dtype, flush_denormal: bool):
-        self.model, self.params, self.parts = model, params, parts
+        self.model, self.parts = model, parts
+        self.params = [p for p in params if p.requires_grad]    # as .backward() leaves frozen ones
         self.dtype = autocast_dtype
         self.threads = torch.get_num_threads()
         # this thread takes the first part itself
@@ -82,6 +86,7 @@ class RowSplit:
                     else contextlib.nullcontext())
         with autocast:
             _, loss = self.model(x, y)
+        # allow_unused: a parameter no path reaches gets None, as .backward() leaves its .grad
         grads = torch.autograd.grad(loss * (share * scale), self.params, allow_unused=True)
         return loss.detach() * share, grads
 
@@ -99,15 +104,23 @@ class RowSplit:
         results = [first, *(f.result() for f in futures)]
         for _, grads in results:
             for p, g in zip(self.params, grads):
-                if g is not None:
-                    p.grad = g if p.grad is None else p.grad.add_(g)
+                if g is None:
+                    continue
+                if p.grad is None:
+                    # in the parameter's layout, as .backward() leaves it: the fused AdamW kernel
+                    # reads both as flat memory, and a weight may be stored transposed
+                    p.grad = g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+                else:
+                    p.grad.add_(g)
         return sum(loss for loss, _ in results)
 
     def close(self) -> None:
-        self.pool.shutdown()
-        torch.set_num_threads(self.threads)
+        try:
+            self.pool.shutdown()    # a Ctrl-C while a part finishes must not cost the caller threads
+        finally:
+            torch.set_num_threads(self.threads)
 
 
 def _one_core(flush_denormal: bool) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)        # OpenMP keeps a count per thread: a helper's own ops on one core
     torch.set_flush_denormal(flush_denormal)    # a thread's float state is its own

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import torch
+
 from . import checkpoint
 from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError,
                      build, read_by, shown, user_path)
@@ -130,10 +132,13 @@ def _check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTCo
     configs = [(build(GPTConfig, {**values, **_setting(r)}),
                 build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
                for r in runs]
-    for model_cfg, train_cfg in configs:
+    for r, (model_cfg, train_cfg) in zip(runs, configs):
         check_threads(train_cfg)
         check_compile(train_cfg)
-        parts_for(model_cfg, train_cfg, resolve_device(train_cfg.device), 1, train_cfg.threads or threads)
+        # as the run will count them: a threads given, 0 included, goes to it as it is (_command)
+        given = "threads" in values or "threads" in r.setting
+        count = train_cfg.threads or (torch.get_num_threads() if given else threads)
+        parts_for(model_cfg, train_cfg, resolve_device(train_cfg.device), 1, count)
     for name in runs[0].setting:
         if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
             schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})

@@ -519,6 +519,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         if isinstance(base_train, dict):    # how that run was started is not how this one is
             base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite")}
+            base_train.setdefault("thread_split", "ops")    # saved before the split: go on as it ran
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
@@ -644,15 +645,16 @@ def listed_in(record: dict, key: str = "code") -> list[str]:
     return [c for c in items if isinstance(c, str)] if isinstance(items, list) else []
 
 
-def ran_as(device: str, dtype: torch.dtype, level: str) -> str:
+def ran_as(device: str, dtype: torch.dtype, level: str, parts: int = 1) -> str:
     """How a run's `device`, `dtype` and `matmul_precision` resolved on this machine: `auto` and
     `fast` differ between machines, and a CPU stays exact at `high`. The device by its type, as
     one GPU is `cuda` to a run of its own and `cuda:0` under torchrun. On CUDA, `medium` is
-    recorded as `high`: torch gives both the same TF32 matmuls there."""
+    recorded as `high`: torch gives both the same TF32 matmuls there. Then the parts a step was
+    split into (`thread_split`), where it was: `auto` splits by the run's other settings too."""
     kind = torch.device(device).type
     if kind == "cuda" and level == "medium":
         level = "high"
-    return f"{kind} {str(dtype).removeprefix('torch.')} matmul={level}"
+    return f"{kind} {str(dtype).removeprefix('torch.')} matmul={level}" + (f" split={parts}" if parts > 1 else "")
 
 
 def in_a_sweep() -> bool:
@@ -860,7 +862,7 @@ def _train(model_cfg, cfg, argv, device, rank, world, parts: int, holds: context
     codes = (listed_in(earlier) or ["unknown"]) if cfg.resume else []
     # and every way it ran, so a sweep can tell settings that resolved alike here
     ways = (listed_in(earlier, "ran_as") or ["unknown"]) if cfg.resume else []
-    way = ran_as(device, dtype, torch_level(cfg.matmul_precision, device_type))
+    way = ran_as(device, dtype, torch_level(cfg.matmul_precision, device_type), parts)
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
                      "code": codes + [c for c in [checkpoint.code_version()] if c not in codes],
                      "ran_as": ways + [w for w in [way] if w not in ways]}
@@ -885,7 +887,8 @@ def _train(model_cfg, cfg, argv, device, rank, world, parts: int, holds: context
     tokens_per_iter = tokens_per_step(model_cfg, cfg)
     if master:      # at once: a big model's first evaluation may take a while on a CPU
         steps = cfg.max_iters - start_iter
-        how = str(dtype).removeprefix("torch.") + (f", batches split over {parts} threads" if split else "")
+        how = str(dtype).removeprefix("torch.") + (f", each batch split by rows over {parts} threads"
+                                                   if split else "")
         print(f"training {model_cfg.num_params():,} parameters on {device} ({how}): {steps} "
               f"step{'s' * (steps != 1)} of {tokens_per_iter:,} tokens into {out_dir}", flush=True)
 

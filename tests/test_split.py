@@ -1,3 +1,4 @@
+import json
 import os
 import threading
 import time
@@ -130,7 +131,7 @@ def configs(split="auto", dropout=0.0, batch_size=8, **train):
     (configs(compile=True), "cpu", 1, 2, 1),
     (configs(), "cpu", 2, 2, 1),
     (configs(batch_size=1), "cpu", 1, 2, 1),
-    (configs("batch"), "cuda", 1, 2, 1),                    # a GPU: one stream of kernels anyway
+    (configs(), "cuda", 1, 2, 1),                           # a GPU runs each op on itself
 ])
 def test_a_run_is_split_where_it_can_be(how, device, world, threads, parts):
     assert parts_for(*how, device, world, threads) == parts
@@ -140,13 +141,20 @@ def test_a_run_is_split_where_it_can_be(how, device, world, threads, parts):
     (configs("batch", dropout=0.1), 1, 2, "dropout=0.1 draws masks in the threads' order"),
     (configs("batch", compile=True), 1, 2, "compile=true: a compiled model is not called from several"),
     (configs("batch"), 2, 2, "a run over 2 processes splits its batch between them already"),
-    (configs("batch"), 1, 1, r"one thread \(threads=1\) has nothing to share"),
+    (configs("batch"), 1, 1, r"the run gets one CPU thread \(--threads sets the count, and a sweep's "
+                             r"--jobs divides the CPUs between its runs\)"),
     (configs("batch", batch_size=1), 1, 2, "batch_size=1 has one row"),
 ])
 def test_a_split_asked_for_that_cannot_be_is_refused(how, world, threads, why):
     with pytest.raises(UserError, match=f"^thread_split=batch cannot split this run: {why}.*; pass "
                                         "--thread_split=auto or ops$"):
         parts_for(*how, "cpu", world, threads)
+
+
+def test_a_split_asked_for_on_a_gpu_is_refused():
+    with pytest.raises(UserError, match="^thread_split=batch cannot split this run: device=cuda:1 runs "
+                                        "each op on the device; the split is for CPU runs; pass"):
+        parts_for(*configs("batch"), "cuda:1", 1, 2)
 
 
 def test_medium_on_a_cpu_that_rounds_does_not_split(cpu_rounds_when_asked):
@@ -168,12 +176,14 @@ def test_a_split_run_trains_as_an_unsplit_one_and_resumes_exactly(data_dir, tmp_
     extra = ["--threads=2", "--max_iters=12", "--eval_interval=6", "--seed=5"]
     split, ops = tmp_path / "split", tmp_path / "ops"
     assert train.main(tiny_args(data_dir, split, *extra)) == 0
-    assert "(float32, batches split over 2 threads)" in capsys.readouterr().out
+    assert "(float32, each batch split by rows over 2 threads)" in capsys.readouterr().out
+    assert json.loads((split / "config.json").read_text())["ran_as"] == ["cpu float32 matmul=highest split=2"]
     # steps on one core in each of the two threads; evaluations on the main thread, on both cores
     assert {(True, 1), (False, 1), (False, 2)} == set(seen)
     assert torch.get_num_threads() == threads_kept
     assert train.main(tiny_args(data_dir, ops, *extra, "--thread_split=ops")) == 0
     assert "(float32): " in capsys.readouterr().out
+    assert json.loads((ops / "config.json").read_text())["ran_as"] == ["cpu float32 matmul=highest"]
     a, b = read_metrics(split, "train"), read_metrics(ops, "train")
     assert [r["iter"] for r in a] == [r["iter"] for r in b]
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4)
@@ -185,3 +195,80 @@ def test_a_split_run_trains_as_an_unsplit_one_and_resumes_exactly(data_dir, tmp_
     assert untimed(half) == untimed(split)
     wa, wb = checkpoint.load(split / "ckpt.pt"), checkpoint.load(half / "ckpt.pt")
     assert all(torch.equal(wa["model"][k], wb["model"][k]) for k in wa["model"])
+
+
+class Transposed(torch.nn.Module):
+    """A weight stored transposed: its gradient comes back from autograd.grad in another layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(5, 3).t())                 # (3, 5), strides (1, 3)
+        self.frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+
+    def forward(self, x, y):
+        return None, ((x.float() * self.frozen) @ self.w - y.float()).square().mean()
+
+
+def test_split_gradients_take_their_parameters_layout_and_skip_frozen_ones(threads_kept):
+    model = Transposed()
+    x, y = torch.randn(4, 3), torch.randn(4, 5)
+    model(x, y)[1].backward()
+    whole = model.w.grad
+    model.w.grad = None
+    split = RowSplit(model, list(model.parameters()), 2, torch.float32, flush_denormal=False)
+    try:
+        split.backward(x, y, 1.0)
+    finally:
+        split.close()
+    assert model.w.grad.stride() == model.w.stride() == whole.stride()
+    torch.testing.assert_close(model.w.grad, whole)
+    assert model.frozen.grad is None
+
+
+def test_closing_gives_the_threads_back_when_a_ctrl_c_cuts_the_wait(threads_kept, monkeypatch):
+    model = tiny_model()
+    split = RowSplit(model, list(model.parameters()), 2, torch.float32, flush_denormal=False)
+    assert torch.get_num_threads() == 1
+    shutdown = split.pool.shutdown
+
+    def interrupted():
+        shutdown()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(split.pool, "shutdown", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        split.close()
+    assert torch.get_num_threads() == threads_kept
+
+
+def test_a_run_saved_before_the_split_resumes_unsplit(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
+    ckpt = checkpoint.load(out / "ckpt.pt")
+    del ckpt["train_config"]["thread_split"]
+    torch.save(ckpt, out / "ckpt.pt")
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=3"]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["thread_split"] == "ops"
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=4", "--thread_split=auto"]) == 0
+    assert json.loads((out / "config.json").read_text())["train"]["thread_split"] == "auto"
+
+
+@two_cpus
+def test_a_sweep_checks_the_thread_count_its_runs_will_get(data_dir, tmp_path, capsys):
+    # --threads=0 goes to each run as it is, so each gets torch's count, not the CPUs over --jobs
+    args = tiny_args(data_dir, tmp_path / "sw", "--max_iters=2", "--eval_interval=2", "--thread_split=batch",
+                     "--jobs=2", "--sweep", "learning_rate=0.001,0.002")
+    assert train.main([*args, "--threads=0"]) == (0 if torch.get_num_threads() >= 2 else 2)
+    assert train.main([*args, "--threads=1"]) == 2
+    assert "the run gets one CPU thread" in capsys.readouterr().err
+
+
+@two_cpus
+def test_the_bench_says_when_its_steps_were_split(data_dir, tmp_path, capsys, threads_kept):
+    from gpt import bench
+    argv = tiny_args(data_dir, tmp_path / "unused", "--bench_iters=3", "--bench_warmup=1", "--sample_tokens=2",
+                     "--json")
+    for threads, parts in (("--threads=2", 2), ("--threads=1", 1)):
+        assert bench.main([*argv, threads]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["split_parts"] == parts
+        assert ("each batch split by rows over 2 threads" in bench.format_table(result)) == (parts == 2)
