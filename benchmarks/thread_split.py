@@ -31,6 +31,7 @@ SKIP = 20   # steps left out of each median: start-up effects
 # what each run is given here: the arm, the steps timed, and a scratch folder with its logging
 SET_HERE = ("thread_split", "max_iters", "eval_interval", "eval_iters", "out_dir", "overwrite", "resume",
             "log_interval", "diagnostics", "wandb")
+NOT_HERE = ("sweep", "seeds", "jobs")     # a sweep is many runs; this times one setting
 
 
 def median_step_ms(argv: list[str], out_dir: Path) -> float:
@@ -57,11 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds={args.rounds} must be at least 1")
     if args.steps <= SKIP:
         parser.error(f"--steps={args.steps} leaves no step to time: give more than {SKIP}")
-    if "--config" not in training:      # the default model takes minutes a step on a CPU
+    names = [arg[2:].partition("=")[0] for arg in training if arg.startswith("--")]   # not the values
+    if "config" not in names:       # the default model takes minutes a step on a CPU
         parser.error("give --config NAME, e.g. --config shakespeare_char_cpu")
-    for arg in training:
-        if (name := arg.removeprefix("--").partition("=")[0]) in SET_HERE:
+    for name in names:
+        if name in SET_HERE:
             parser.error(f"--{name}: this script sets it for each run")
+        if name in NOT_HERE:
+            parser.error(f"--{name}: this script times one run's settings, not a sweep")
     # evaluations only at the start and the end, over 2 batches: steps are what is timed
     training = [*training, f"--max_iters={args.steps}", f"--eval_interval={args.steps}", "--eval_iters=2"]
     ms = {"batch": [], "ops": []}

@@ -207,6 +207,8 @@ def test_the_thread_split_benchmark_times_both_arms_in_alternating_rounds(data_d
                       r"nothing to compare\n$"),
     (["--max_iters=30"], r"^error: --max_iters: this script sets it for each run \(see .*--help\)\n$"),
     (["--thread_split=ops"], r"^error: --thread_split: this script sets it for each run"),
+    (["--sweep", "n_layer=1,2"], r"^error: --sweep: this script times one run's settings, not a sweep"),
+    (["--wandb_run_name", "wandb", "--n_layer=0"], r"^error: n_layer=0 must be positive\n$"),  # a value, not a name
 ])
 def test_the_thread_split_benchmark_refuses_bad_input_in_one_line(argv, message, data_dir, tmp_path, capsys):
     args = _tiny_for_thread_split(data_dir, tmp_path)
@@ -227,3 +229,5 @@ def test_the_thread_split_benchmark_wants_a_config_and_says_when_a_run_was_stopp
         module.main(["--config", "shakespeare_char_cpu"])
     assert stop.value.code == 130
     assert capsys.readouterr().err == "stopped: training exited with status 130\n"
+    monkeypatch.setattr(module, "median_step_ms", lambda argv, out_dir: 1.0)
+    assert module.main(["--config=shakespeare_char_cpu", "--rounds", "1"]) == 0      # the = form too

@@ -203,25 +203,28 @@ class Transposed(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.w = torch.nn.Parameter(torch.randn(5, 3).t())                 # (3, 5), strides (1, 3)
-        self.frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+        self.s = torch.nn.Parameter(torch.ones(2, 5))       # reached through a sum: its gradient an
+        self.frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)   # expanded (0, 0) view
 
     def forward(self, x, y):
-        return None, ((x.float() * self.frozen) @ self.w - y.float()).square().mean()
+        out = (x.float() * self.frozen) @ self.w * self.s.sum()
+        return None, (out - y.float()).square().mean()
 
 
 def test_split_gradients_take_their_parameters_layout_and_skip_frozen_ones(threads_kept):
     model = Transposed()
     x, y = torch.randn(4, 3), torch.randn(4, 5)
     model(x, y)[1].backward()
-    whole = model.w.grad
-    model.w.grad = None
+    whole = [model.w.grad, model.s.grad]
+    model.w.grad = model.s.grad = None
     split = RowSplit(model, list(model.parameters()), 2, torch.float32, flush_denormal=False)
     try:
         split.backward(x, y, 1.0)
     finally:
         split.close()
-    assert model.w.grad.stride() == model.w.stride() == whole.stride()
-    torch.testing.assert_close(model.w.grad, whole)
+    for p, g in zip((model.w, model.s), whole):
+        assert p.grad.stride() == p.stride() == g.stride()
+        torch.testing.assert_close(p.grad, g)
     assert model.frozen.grad is None
 
 
@@ -253,8 +256,9 @@ def test_a_run_saved_before_the_split_resumes_unsplit(data_dir, tmp_path):
 
 
 @two_cpus
-def test_a_sweep_checks_the_thread_count_its_runs_will_get(data_dir, tmp_path, capsys):
+def test_a_sweep_checks_the_thread_count_its_runs_will_get(data_dir, tmp_path, capsys, monkeypatch):
     # --threads=0 goes to each run as it is, so each gets torch's count, not the CPUs over --jobs
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)         # --jobs=2 then gives a run 1 thread
     args = tiny_args(data_dir, tmp_path / "sw", "--max_iters=2", "--eval_interval=2", "--thread_split=batch",
                      "--jobs=2", "--sweep", "learning_rate=0.001,0.002")
     assert train.main([*args, "--threads=0"]) == (0 if torch.get_num_threads() >= 2 else 2)
