@@ -276,3 +276,25 @@ def test_the_bench_says_when_its_steps_were_split(data_dir, tmp_path, capsys, th
         result = json.loads(capsys.readouterr().out)
         assert result["split_parts"] == parts
         assert ("each batch split by rows over 2 threads" in bench.format_table(result)) == (parts == 2)
+
+
+@pytest.mark.parametrize("how, device, threads, said", [
+    (configs(dropout=0.1), "cpu", 2, "dropout=0.1 draws masks in the threads' order"),
+    (configs(), "cpu", AUTO_MAX_THREADS + 2,
+     f"auto splits up to {AUTO_MAX_THREADS} threads (--thread_split=batch splits over {AUTO_MAX_THREADS + 2})"),
+    (configs(dropout=0.1), "cpu", 1, None),         # one thread: nothing to say
+    (configs("ops", dropout=0.1), "cpu", 2, None),  # asked for
+    (configs(dropout=0.1), "cuda", 2, None),
+    (configs(), "cpu", 2, None),                    # split
+])
+def test_a_run_auto_leaves_unsplit_says_why(how, device, threads, said):
+    from gpt.split import auto_declined
+    assert auto_declined(*how, device, 1, threads) == said
+
+
+@two_cpus
+def test_the_start_line_says_why_a_run_is_not_split(data_dir, tmp_path, capsys, threads_kept):
+    assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=1", "--eval_interval=1", "--threads=2",
+                                "--dropout=0.1")) == 0
+    assert ("(float32; not split by rows: dropout=0.1 draws masks in the threads' order)"
+            in capsys.readouterr().out)
