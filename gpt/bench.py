@@ -36,7 +36,7 @@ from .model import GPT
 from .precision import matmul_precision
 from .data import load_meta
 from .diagnostics import measure
-from .split import parts_for
+from .split import split_plan
 from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
@@ -162,7 +162,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     dtype = autocast_dtype(train_cfg, device)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    parts = parts_for(model_cfg, train_cfg, device, 1, train_cfg.threads or torch.get_num_threads())
+    parts, _ = split_plan(model_cfg, train_cfg, device, 1, train_cfg.threads or torch.get_num_threads())
     result = time_training(model_cfg, train_cfg, bench)
     training_peak = peak_memory_mb(device)      # before the diagnostics and sampling add theirs
     meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)

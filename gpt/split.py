@@ -29,34 +29,13 @@ from .precision import torch_level
 AUTO_MAX_THREADS = 4
 
 
-def parts_for(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, threads: int) -> int:
-    """How many row parts each micro-batch is split into: 1 runs it whole, as torch splits ops."""
+def split_plan(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int,
+               threads: int) -> tuple[int, str | None]:
+    """How many row parts each micro-batch is split into (1 runs it whole, as torch splits ops),
+    and why `auto` runs a CPU run of several threads whole, for its start line (else None)."""
     if cfg.thread_split == "ops":
-        return 1
-    why_not = _reasons_against(model_cfg, cfg, device, world, threads)
-    if cfg.thread_split == "batch":
-        if why_not:
-            raise UserError(f"thread_split=batch cannot split this run: {why_not[0]}; pass "
-                            "--thread_split=auto or ops")
-    elif why_not or threads > AUTO_MAX_THREADS:
-        return 1
-    return min(threads, cfg.batch_size)
-
-
-def auto_declined(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, threads: int) -> str | None:
-    """Why `auto` runs a CPU run of several threads unsplit, for its start line; else None."""
-    if cfg.thread_split != "auto" or torch.device(device).type != "cpu" or threads < 2:
-        return None
-    why_not = _reasons_against(model_cfg, cfg, device, world, threads)
-    if why_not:
-        return why_not[0]
-    if threads > AUTO_MAX_THREADS:
-        return f"auto splits up to {AUTO_MAX_THREADS} threads (--thread_split=batch splits over {threads})"
-    return None
-
-
-def _reasons_against(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, threads: int) -> list[str]:
-    return [why for why, holds in (
+        return 1, None
+    why_not = [why for why, holds in (
         (f"device={device} runs each op on the device; the split is for CPU runs",
          torch.device(device).type != "cpu"),
         (f"dropout={model_cfg.dropout} draws masks in the threads' order", model_cfg.dropout > 0),
@@ -67,6 +46,17 @@ def _reasons_against(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world:
         ("the run gets one CPU thread (--threads sets the count, and a sweep's --jobs divides "
          "the CPUs between its runs)", threads < 2),
         (f"batch_size={cfg.batch_size} has one row", cfg.batch_size < 2)) if holds]
+    if cfg.thread_split == "batch" and why_not:
+        raise UserError(f"thread_split=batch cannot split this run: {why_not[0]}; pass "
+                        "--thread_split=auto or ops")
+    if cfg.thread_split == "auto":
+        if not why_not and threads > AUTO_MAX_THREADS:
+            why_not = [f"auto splits up to {AUTO_MAX_THREADS} threads (--thread_split=batch splits "
+                       f"over {threads})"]
+        if why_not:     # a GPU run, or one of a single thread, has nothing to be told
+            said = torch.device(device).type == "cpu" and threads >= 2
+            return 1, why_not[0] if said else None
+    return min(threads, cfg.batch_size), None
 
 
 class RowSplit:

@@ -36,7 +36,7 @@ from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepCon
 from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .split import parts_for
+from .split import split_plan
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
                       read_jsonl, resolve_device, run_record, write_json)
 
@@ -129,16 +129,16 @@ def _check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTCo
     for r in runs:      # after the names' length: a name too long makes exists() fail
         if r.folder.exists() and not r.folder.is_dir():
             raise UserError(f"{r.folder} is a file, where the sweep keeps that run; move it away")
+    # threads as _command gives them: a count given, 0 included, goes to the run as it is
     configs = [(build(GPTConfig, {**values, **_setting(r)}),
-                build(TrainConfig, {**values, **_setting(r), "seed": r.seed, "out_dir": str(r.folder)}))
+                build(TrainConfig, {"threads": threads, **values, **_setting(r), "seed": r.seed,
+                                    "out_dir": str(r.folder)}))
                for r in runs]
-    for r, (model_cfg, train_cfg) in zip(runs, configs):
+    for model_cfg, train_cfg in configs:
         check_threads(train_cfg)
         check_compile(train_cfg)
-        # as the run will count them: a threads given, 0 included, goes to it as it is (_command)
-        given = "threads" in values or "threads" in r.setting
-        count = train_cfg.threads or (torch.get_num_threads() if given else threads)
-        parts_for(model_cfg, train_cfg, resolve_device(train_cfg.device), 1, count)
+        split_plan(model_cfg, train_cfg, resolve_device(train_cfg.device), 1,
+                   train_cfg.threads or torch.get_num_threads())
     for name in runs[0].setting:
         if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
             schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})

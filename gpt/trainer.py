@@ -37,7 +37,7 @@ from .diagnostics import unigram_loss
 from .model import GPT
 from .optim import AdamW, clip_grad_norm
 from .precision import cpu_computes_bfloat16, matmul_precision, torch_level
-from .split import RowSplit, auto_declined, parts_for
+from .split import RowSplit, split_plan
 
 
 class Diverged(UserError):
@@ -706,9 +706,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     device = resolve_device(cfg.device)
     check_threads(cfg)
     check_compile(cfg, device)
-    threads = cfg.threads or torch.get_num_threads()
-    parts = parts_for(model_cfg, cfg, device, world, threads)
-    unsplit = auto_declined(model_cfg, cfg, device, world, threads)
+    plan = split_plan(model_cfg, cfg, device, world, cfg.threads or torch.get_num_threads())
     if world > 1 and device.startswith("mps"):  # gloo, the only backend there, cannot reduce MPS tensors
         raise UserError("torchrun on an Apple GPU (mps) is not supported; run one process, or pass "
                         "--device=cpu")
@@ -729,7 +727,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         # _train takes out_dir once it may make it
         with (out_of_memory_in_one_line(), compile_failure_in_one_line(cfg.compile),
               contextlib.ExitStack() as holds):
-            summary = _train(model_cfg, cfg, argv, device, rank, world, (parts, unsplit), holds)
+            summary = _train(model_cfg, cfg, argv, device, rank, world, plan, holds)
         if ddp:     # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()
         return summary
@@ -738,9 +736,9 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
             torch.distributed.destroy_process_group()
 
 
-def _train(model_cfg, cfg, argv, device, rank, world, split_plan: tuple[int, str | None],
+def _train(model_cfg, cfg, argv, device, rank, world, plan: tuple[int, str | None],
            holds: contextlib.ExitStack) -> dict:
-    parts, unsplit = split_plan     # row parts per micro-batch, and why auto made none
+    parts, unsplit = plan       # row parts per micro-batch, and why auto made none (split_plan)
     device_type = torch.device(device).type
     master = rank == 0
     out_dir = Path(cfg.out_dir)

@@ -12,7 +12,7 @@ from gpt import checkpoint
 from gpt import model as model_module
 from gpt.config import GPTConfig, TrainConfig, UserError
 from gpt.model import GPT, attention
-from gpt.split import AUTO_MAX_THREADS, RowSplit, parts_for
+from gpt.split import AUTO_MAX_THREADS, RowSplit, split_plan
 from test_train import read_metrics
 
 two_cpus = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
@@ -134,7 +134,7 @@ def configs(split="auto", dropout=0.0, batch_size=8, **train):
     (configs(), "cuda", 1, 2, 1),                           # a GPU runs each op on itself
 ])
 def test_a_run_is_split_where_it_can_be(how, device, world, threads, parts):
-    assert parts_for(*how, device, world, threads) == parts
+    assert split_plan(*how, device, world, threads)[0] == parts
 
 
 @pytest.mark.parametrize("how, world, threads, why", [
@@ -148,19 +148,19 @@ def test_a_run_is_split_where_it_can_be(how, device, world, threads, parts):
 def test_a_split_asked_for_that_cannot_be_is_refused(how, world, threads, why):
     with pytest.raises(UserError, match=f"^thread_split=batch cannot split this run: {why}.*; pass "
                                         "--thread_split=auto or ops$"):
-        parts_for(*how, "cpu", world, threads)
+        split_plan(*how, "cpu", world, threads)
 
 
 def test_a_split_asked_for_on_a_gpu_is_refused():
     with pytest.raises(UserError, match="^thread_split=batch cannot split this run: device=cuda:1 runs "
                                         "each op on the device; the split is for CPU runs; pass"):
-        parts_for(*configs("batch"), "cuda:1", 1, 2)
+        split_plan(*configs("batch"), "cuda:1", 1, 2)
 
 
 def test_medium_on_a_cpu_that_rounds_does_not_split(cpu_rounds_when_asked):
-    assert parts_for(*configs(matmul_precision="medium"), "cpu", 1, 2) == 1
+    assert split_plan(*configs(matmul_precision="medium"), "cpu", 1, 2)[0] == 1
     with pytest.raises(UserError, match="matmul_precision=medium on this CPU makes attention flip"):
-        parts_for(*configs("batch", matmul_precision="medium"), "cpu", 1, 2)
+        split_plan(*configs("batch", matmul_precision="medium"), "cpu", 1, 2)
 
 
 def untimed(out_dir):
@@ -288,8 +288,7 @@ def test_the_bench_says_when_its_steps_were_split(data_dir, tmp_path, capsys, th
     (configs(), "cpu", 2, None),                    # split
 ])
 def test_a_run_auto_leaves_unsplit_says_why(how, device, threads, said):
-    from gpt.split import auto_declined
-    assert auto_declined(*how, device, 1, threads) == said
+    assert split_plan(*how, device, 1, threads)[1] == said
 
 
 @two_cpus
