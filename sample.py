@@ -5,7 +5,9 @@ The checkpoint carries the model's config and vocabulary, so nothing else is nee
 import sys
 from pathlib import Path
 
-from gpt.config import SampleConfig, UserError, build, help_text, parse_argv   # torch loads in sample()
+from gpt.cli import help_text, parse_argv   # torch loads in sample()
+from gpt.config import SampleConfig, build
+from gpt.errors import UserError
 from gpt.console import output_may_close, silence
 
 

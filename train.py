@@ -11,7 +11,9 @@ from gpt.console import interrupt_quietly_while_loading, loaded, output_may_clos
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
 from gpt import sweep, trainer  # noqa: E402
-from gpt.config import SECTIONS, SweepConfig, TrainConfig, UserError, build, help_text, parse_argv  # noqa: E402
+from gpt.cli import SECTIONS, help_text, parse_argv  # noqa: E402
+from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
+from gpt.errors import UserError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -203,7 +203,7 @@ def main() -> int:
         parser.error(f"--json {args.json}: give a file in a folder that exists")
     if args.whole_val:
         from gpt import checkpoint
-        from gpt.config import UserError
+        from gpt.errors import UserError
         from gpt.diagnostics import whole_split_loss
         losses = {}
         for path in args.whole_val:

@@ -1,6 +1,7 @@
 """A small, readable GPT for studying the transformer block."""
 
-from .config import GPTConfig, TrainConfig, UserError
+from .config import GPTConfig, TrainConfig
+from .errors import UserError
 
 __all__ = ["GPT", "GPTConfig", "TrainConfig", "UserError"]
 

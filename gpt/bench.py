@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, TrainConfig, UserError, build, check_types, help_text, opt, parse_argv
+from .cli import help_text, parse_argv
+from .config import GPTConfig, TrainConfig, build, check_types, opt
+from .errors import UserError
 from .console import interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .precision import matmul_precision

@@ -8,6 +8,7 @@ disk and renamed over the old one: a process killed at any moment leaves a loada
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import math
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig, TrainConfig, UserError, build, first_line, saved_problem
+from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgraded
+from .errors import UserError, first_line
 from .model import GPT, weights_mismatch
 
 FORMAT = "gpt-checkpoint-1"
@@ -247,6 +249,38 @@ def is_sweep(folder: Path) -> bool:
 def saved_in(folder: Path) -> list[str]:
     """The run checkpoints folder holds: a run's, to continue or to keep."""
     return [name for name in ("ckpt.pt", "ckpt_best.pt") if (Path(folder) / name).exists()]
+
+
+def saved_problem(cls, saved, model: bool) -> str | None:
+    """Why a config read back from a checkpoint cannot be used, or None. Its values must have
+    their fields' own types (a string "4" for n_head means the file was altered). A model config
+    must also be valid as it is, and hold no option this version does not know: a newer version's
+    would change the model. A training config is checked as a whole only once the command's
+    values are merged in (a resume may mend an old run's settings), and it may hold retired
+    options."""
+    if not isinstance(saved, dict):
+        return "not a table of values"
+    damaged = [f"{k}={saved[k]!r}" for k, (_, values) in REPLACED.items()
+               if k in saved and saved[k] not in list(values)]     # a list: the value may not hash
+    if damaged:
+        return f"{damaged[0]} is not one of its values"
+    saved = upgraded(cls, saved)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(str(k) for k in saved if k not in fields and k not in REPLACED)
+    if model and unknown:
+        return f"it has options this version does not know ({', '.join(unknown)}); update the project"
+    known = {k: v for k, v in saved.items() if k in fields}
+    problem = next(filter(None, (type_problem(cls, fields[k], v) for k, v in known.items())), None)
+    if problem:
+        return problem
+    if model:
+        try:
+            cls(**known)
+        except UserError as e:
+            return str(e)
+    return None
+
+
 
 
 def model_config(ckpt: dict) -> GPTConfig:

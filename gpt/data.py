@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import UserError, first_line, user_path
+from .config import user_path
+from .errors import UserError, first_line
 
 PIECE = 1 << 20     # characters of a text file read at a time while preparing it
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"

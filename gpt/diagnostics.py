@@ -24,7 +24,8 @@ import sys
 import numpy as np
 import torch
 
-from .config import GPTConfig, UserError, _check_seed
+from .config import GPTConfig, check_seed
+from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         gd.error("--depths must be positive")
     from .trainer import out_of_memory_in_one_line     # here: the trainer imports this module
     try:
-        _check_seed(args.seed)
+        check_seed(args.seed)
         with out_of_memory_in_one_line("lower --n_embd or the --depths"):
             rows = grad_depth(depths, n_embd=args.n_embd, n_head=args.n_head, seed=args.seed)
     except UserError as e:

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from . import checkpoint
-from .config import UserError, user_path
+from .config import user_path
+from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close
 from .trainer import read_jsonl
 

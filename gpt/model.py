@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig, UserError, first_line
+from .config import GPTConfig
+from .errors import UserError, first_line
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 from .precision import cpu_rounds_matmuls, exact_cpu_matmuls
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import UserError
+from .errors import UserError
 
 
 class AdamW:

@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, UserError,
-                     build, read_by, shown, user_path)
+from .cli import shown
+from .config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, build, read_by,
+                     user_path)
+from .errors import UserError
 from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot

@@ -29,7 +29,9 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint
-from .config import GPTConfig, TrainConfig, UserError, build, first_line, shown
+from .cli import shown
+from .config import GPTConfig, TrainConfig, build
+from .errors import UserError, first_line
 from .console import NONFINITE, to_json
 from .data import Batches, ensure_prepared, load_meta
 from .diagnostics import measure as measure_diagnostics

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt.config import (CONFIG_DIR, GPTConfig, SampleConfig, TrainConfig, UserError, available_configs,
-                        build, convert, help_text, parse_argv, read_config_file, shown)
+from gpt.cli import CONFIG_DIR, available_configs, convert, help_text, parse_argv, read_config_file, shown
+from gpt.config import GPTConfig, SampleConfig, TrainConfig, build
+from gpt.errors import UserError
 
 
 def test_overrides_are_typed_and_win_over_the_file():

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from conftest import make_text
-from gpt.config import REPO_ROOT, UserError, parse_argv
+from gpt.cli import parse_argv
+from gpt.config import REPO_ROOT
+from gpt.errors import UserError
 from gpt.data import Batches, CharTokenizer, ensure_prepared, prepare, tokenizer_from_meta
 
 

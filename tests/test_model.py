@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt.config import GPTConfig, UserError
+from gpt.config import GPTConfig
+from gpt.errors import UserError
 from gpt.model import GPT, CausalSelfAttention, KVCache, attention
 from gpt.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
                            lists_bfloat16, matmul_precision)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import ROOT, tiny_args
-from gpt.config import GPTConfig, TrainConfig, UserError
+from gpt.config import GPTConfig, TrainConfig
+from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.optim import AdamW, clip_grad_norm
 from gpt.trainer import make_optimizer

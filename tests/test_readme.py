@@ -9,7 +9,8 @@ import pytest
 
 from conftest import ROOT
 from gpt.bench import BenchConfig
-from gpt.config import GPTConfig, SampleConfig, SweepConfig, TrainConfig, build, parse_argv
+from gpt.cli import parse_argv
+from gpt.config import GPTConfig, SampleConfig, SweepConfig, TrainConfig, build
 
 SCRIPTS = {  # how a command starts -> the config sections it takes
     "train.py": (GPTConfig, TrainConfig, SweepConfig),

@@ -17,7 +17,7 @@ import sample
 import train
 from conftest import ROOT, make_text, tiny_args
 from gpt import checkpoint
-from gpt.config import UserError
+from gpt.errors import UserError
 from gpt.data import prepare
 from gpt.trainer import read_jsonl
 
@@ -1010,7 +1010,7 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
 
 
 def test_a_long_error_is_cut_between_words_and_a_long_word_kept_in_part():
-    from gpt.config import first_line
+    from gpt.errors import first_line
     assert first_line(OSError("short\nand more")) == "short" and first_line(OSError()) == "OSError"
     words = first_line(OSError("word " * 50))
     assert words.endswith("word ...") and len(words) <= 164

@@ -10,7 +10,8 @@ import train
 from conftest import tiny_args
 from gpt import checkpoint
 from gpt import model as model_module
-from gpt.config import GPTConfig, TrainConfig, UserError
+from gpt.config import GPTConfig, TrainConfig
+from gpt.errors import UserError
 from gpt.model import GPT, attention
 from gpt.split import AUTO_MAX_THREADS, RowSplit, split_plan
 from test_train import read_metrics

@@ -11,7 +11,9 @@ import pytest
 import train
 from conftest import tiny_args
 from gpt import sweep
-from gpt.config import REPO_ROOT, GPTConfig, TrainConfig, UserError, parse_argv
+from gpt.cli import parse_argv
+from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
+from gpt.errors import UserError
 from gpt.trainer import DIVERGED_EXIT
 
 

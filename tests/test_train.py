@@ -14,7 +14,9 @@ import sample
 import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
-from gpt.config import GPTConfig, TrainConfig, UserError, shown
+from gpt.cli import shown
+from gpt.config import GPTConfig, TrainConfig
+from gpt.errors import UserError
 from gpt.data import Batches
 from gpt import model as model_module
 from gpt import precision as precision_module
@@ -490,7 +492,7 @@ def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
 
 def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     import threading
-    from gpt.config import parse_argv
+    from gpt.cli import parse_argv
     from gpt.trainer import configs_for_run, train as train_in_python
     out = tmp_path / "my runs" / "run"
     values = parse_argv(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",

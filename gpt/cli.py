@@ -1,0 +1,300 @@
+"""The command line: argv and TOML config files into typed values, and the --help text.
+
+`--name=value` overrides any field of the sections a command takes; `--config NAME` reads a
+shipped config (configs/) or a TOML file first; `--sweep name=a,b` and a file's [sweep] table
+give the axes of a sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import (REPLACED, REPO_ROOT, SPELLED, GPTConfig, SweepConfig, TrainConfig, field_type, user_path)
+from .errors import UserError
+
+CONFIG_DIR = REPO_ROOT / "configs"
+
+SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
+RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume", "overwrite")   # a sweep sets these itself
+
+
+def fields_of(sections) -> dict:
+    return {f.name: (cls, f) for cls in sections for f in dataclasses.fields(cls)}
+
+
+FIELDS = fields_of(SECTIONS)
+
+def replacement(name: str, toml: bool = False, axis: bool = False) -> str:
+    """How to say what the replaced option `name` said: on the command line, in a TOML file, or
+    as an axis of a TOML file's [sweep] table."""
+    field, values = REPLACED[name]
+    if axis:
+        return f"{field} = [...], with " + ", ".join(f'"{new}" for {shown(old)}' for old, new in values.items())
+    said = (f'{field} = "{new}"' if toml else f"--{field}={new}" for new in values.values())
+    return ", ".join(f"{s} for {shown(old)}" for s, old in zip(said, values))
+
+
+
+def convert(name: str, value, fields: dict = FIELDS, axis: bool = False):
+    """Turn a command-line string or a TOML value into the type of field `name`. A folder keeps
+    its ~ on a sweep axis, where it names the run folders; the runs expand it."""
+    if name not in fields:
+        raise UserError(unknown_name_message(name, fields))
+    kind = field_type(*fields[name])
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+    elif kind is int and not isinstance(value, bool):
+        try:
+            return int(str(value).strip())
+        except ValueError:
+            pass
+        try:    # 1e4 and 5000.0 are whole numbers too; float() alone would round past 2**53
+            number = float(value)
+            if number == int(number):
+                return int(number)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    elif kind is float and not isinstance(value, bool):
+        try:
+            number = float(value)
+            if math.isfinite(number):
+                return number
+        except (TypeError, ValueError, OverflowError):
+            pass
+    elif kind is str:   # a folder given by the user is taken as the shell would have it
+        folder = name.endswith("_dir") and str(value).strip() and not axis
+        return user_path(str(value), name) if folder else str(value)
+    given = value.isoformat() if isinstance(value, (datetime.date, datetime.time)) else repr(value)  # TOML's
+    raise UserError(f"{name}={given} is not a valid {kind.__name__}; give {SPELLED.get(kind, kind.__name__)}")
+
+
+def unknown_name_message(name: str, fields: dict = FIELDS) -> str:
+    classes = {cls for cls, _ in fields.values()}
+    if name in REPLACED and name not in fields and TrainConfig in classes:
+        return f"--{name} was replaced; use {replacement(name)}"
+    extra = ["config"] * (TrainConfig in classes) + ["sweep"] * (SweepConfig in classes)
+    close = difflib.get_close_matches(name, list(fields) + extra, n=1)
+    hint = f"; did you mean --{close[0]}?" if close else "; see --help for the list"
+    return f"unknown option --{name}{hint}"
+
+
+# ---------------------------------------------------------------- config files
+
+def available_configs() -> list[str]:
+    return sorted(str(p.relative_to(CONFIG_DIR).with_suffix("")) for p in CONFIG_DIR.rglob("*.toml"))
+
+
+def config_path(name: str) -> Path:
+    """A config shipped in configs/ or a TOML file, '.toml' optional. A name that reads as a path
+    (a .toml suffix, or a start of /, ./, ../ or ~) is looked up as a file first, a bare name
+    in configs/ first."""
+    stem = name.removesuffix(".toml")
+    as_path = name.endswith(".toml") or name.startswith(("/", "./", "../", "~"))
+    places = [Path(user_path(f"{stem}.toml", "--config")), CONFIG_DIR / f"{stem}.toml"]
+    for candidate in places if as_path else places[::-1]:
+        if candidate.is_file():
+            return candidate
+    if as_path and (places[0].is_dir() or Path(user_path(name, "--config")).is_dir()):
+        raise UserError(f"--config {name!r} is a folder; give a TOML file in it, or a shipped config's name")
+    close = difflib.get_close_matches(stem, available_configs(), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    what = "no such file, nor a shipped config of that name" if as_path else "no config named"
+    raise UserError(f"{what} {name!r}; {hint}available: {', '.join(available_configs())}")
+
+
+def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
+    """Return (field values, sweep axes) from a TOML config; `[sweep]` holds the axes."""
+    path = config_path(name)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: {e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; is it a TOML config?") from None
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
+    axes = data.pop("sweep", {})
+    if not isinstance(axes, dict):
+        raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
+
+    def typed(key, value, axis=False):
+        if key in REPLACED:
+            raise UserError(f"{path}: {'[sweep] ' * axis}{key} was replaced; use "
+                            f"{replacement(key, toml=True, axis=axis)}")
+        if isinstance(value, dict):     # [model], [train]: sections this file format has not
+            raise UserError(f"{path}: [{'sweep.' * axis}{key}] is a table; settings go at the top "
+                            "level, name = value, and axes in [sweep], name = [values]")
+        if key not in FIELDS:
+            close = difflib.get_close_matches(key, list(FIELDS), n=1)
+            raise UserError(f"{path}: {key} is not a setting"
+                            f"{f'; did you mean {close[0]}?' if close else '; see --help for the list'}")
+        try:
+            return convert(key, value, axis=axis)
+        except UserError as e:
+            raise UserError(f"{path}: {e}") from None
+    values = {key: typed(key, value) for key, value in data.items()}
+    sweep = {}
+    for key, value in axes.items():
+        if key in SweepConfig.__dataclass_fields__:
+            values[key] = typed(key, value)
+        else:
+            listed = value if isinstance(value, list) else [value]
+            if not listed:
+                raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
+            sweep[key] = [typed(key, v, axis=True) for v in listed]
+    return values, sweep
+
+
+# ---------------------------------------------------------------- command line
+
+@dataclass
+class Args:
+    """A parsed command line: the config file's values, then the overrides on top."""
+    values: dict                      # field name -> typed value, file first, then overrides
+    sweep: dict[str, list]            # axis name -> values to try
+    config_name: str | None = None    # --config: where the values not given on the command line came from
+    from_file: tuple[str, ...] = ()   # those values' names
+
+    def blame(self, message: str) -> str:
+        """A validation message that names values (name=value), with the file that set them: a
+        value checked against others is wrong where it was written, not where it is checked."""
+        named = [n for n in dict.fromkeys(re.findall(r"\b([a-z][a-z0-9_]*)=", message))
+                 if n in self.from_file]
+        return f"{message} ({', '.join(named)} set by --config {self.config_name})" if named else message
+
+
+def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
+    fields = fields_of(sections)
+    config_name, raw, sweep = None, {}, {}
+    tokens = list(argv)
+    for token in tokens:
+        if not token.isascii():     # bytes a shell passed on that are not UTF-8 become surrogates
+            try:
+                token.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UserError(f"{token!r} is not UTF-8 text (\\udcXX marks a byte that is not); "
+                                "give names and paths in UTF-8") from None
+    while tokens:
+        token = tokens.pop(0)
+        if not token.startswith("--"):
+            raise UserError(f"unexpected argument {token!r}; options look like --name=value")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if tokens and not tokens[0].startswith("--"):
+                value = tokens.pop(0)
+            elif name in fields and field_type(*fields[name]) is bool:
+                value = "true"
+            elif name not in fields and name not in ("config", "sweep"):
+                raise UserError(unknown_name_message(name, fields))
+            else:
+                raise UserError(f"--{name} needs a value: --{name}=VALUE")
+        if name == "sweep" and SweepConfig not in sections:
+            raise UserError("--sweep: this command runs one setting; sweeps run with python train.py")
+        if name == "config" and TrainConfig not in sections:
+            raise UserError("--config: this command takes the model's settings from the checkpoint "
+                            "in --out_dir")
+        if name == "config":
+            if not value:
+                raise UserError("--config is empty; give a config's name or a .toml path")
+            if config_name is not None:
+                raise UserError(f"--config is given twice ({config_name}, {value}); give one file, and "
+                                "the values to change as --name=value")
+            config_name = value
+        elif name == "sweep":
+            axis, eq, values = value.partition("=")
+            if not eq or not values:
+                raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
+            if axis in REPLACED:
+                raise UserError(f"--sweep {axis}: {axis} was replaced; use {replacement(axis)}")
+            if axis not in fields:
+                close = difflib.get_close_matches(axis, list(fields), n=1)
+                hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
+                raise UserError(f"--sweep {axis}: not a config field{hint}")
+            if axis in sweep:
+                raise UserError(f"--sweep {axis} is given twice; list all its values in one: "
+                                f"--sweep {axis}=v1,v2")
+            sweep[axis] = [convert(axis, v, fields, axis=True) for v in values.split(",")]
+        else:
+            raw[name] = convert(name, value, fields)
+    values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    source = dict(config_name=config_name,
+                  from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
+    values.update(raw)
+    for name, (cls, f) in fields.items():
+        if "given_by" in f.metadata and name in {**values, **file_sweep, **sweep}:
+            where = (f"--{name}" if name in raw else f"--sweep {name}" if name in sweep
+                     else f"{config_name} sets {name}")
+            raise UserError(f"{where}: {name} is set by {f.metadata['given_by']}, not by hand; remove it")
+    if config_name and values.get("resume") and not (sweep or file_sweep) and SweepConfig in sections:
+        # the file's values would silently replace the run's own (its warmup, its schedule); for
+        # train.py alone, as the bench refuses --resume in its own words
+        folder = values.get("out_dir", TrainConfig.out_dir)
+        raise UserError(f"--resume continues a run with the settings in its checkpoint, which "
+                        f"{config_name}'s would replace; run train.py --out_dir={shown(folder)} "
+                        "--resume, adding only what should change (e.g. --max_iters)")
+    if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
+        unset = [name for name in file_sweep if name not in raw]
+        if unset:
+            picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
+            raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
+                            f"setting: pick one value for each, e.g. {picks}")
+        return Args(values=values, sweep={}, **source)
+    for name, listed in {**file_sweep, **sweep}.items():
+        where = "--sweep" if name in sweep else config_name
+        if name in RESERVED_AXES:
+            hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
+            raise UserError(f"{f'--sweep {name}' if name in sweep else f'{config_name} sweeps {name}'}: "
+                            f"the sweep sets {name} itself{hint}")
+        twice = [v for i, v in enumerate(listed) if v in listed[:i]]
+        if twice:   # 1 and true, or 1e-3 and 0.001, are one value once typed
+            raise UserError(f"{where} lists {name}={shown(twice[0])} twice; list each value once")
+        if name in raw:         # the axis would win unseen
+            axis = ",".join(shown(v) for v in sweep.get(name, file_sweep.get(name)))
+            fix = ("give one or the other" if name in sweep else
+                   f"to run only some values, give them as --sweep {name}={shown(raw[name])}")
+            raise UserError(f"--{name}={shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
+    return Args(values=values, sweep={**file_sweep, **sweep}, **source)
+
+
+def shown(value) -> str:
+    """A value as it would be typed: true, 0.001, learned; quoted when spaces or commas would blur it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = str(value)
+    return repr(text) if text != text.strip() or not text or "," in text or " " in text else text
+
+
+def help_text(prog: str, sections=SECTIONS, hidden=()) -> str:
+    """--help: each field of sections with its default and help, but those named in hidden."""
+    configs, sweeps = TrainConfig in sections, SweepConfig in sections
+    lines = [f"usage: python {prog}{' [--config NAME]' if configs else ''} [--name=value ...]"
+             f"{' [--sweep name=v1,v2 ...]' if sweeps else ''}", ""]
+    if configs:
+        lines.append(f"--config NAME: one of {', '.join(available_configs())}, or a .toml path")
+    if sweeps:
+        lines.append("--sweep name=v1,v2: run every combination of the listed values (see SweepConfig)")
+    if configs:
+        lines.append("")
+    for cls in sections:
+        lines.append(f"{cls.__name__}:")
+        for f in dataclasses.fields(cls):
+            if "given_by" in f.metadata or f.name in hidden:
+                continue
+            choices = f.metadata.get("choices")
+            allowed = f" [{' | '.join(choices)}]" if choices else ""
+            lines.append(f"  --{f.name}={shown(f.default)}{allowed}\n      {f.metadata['help']}")
+        lines.append("")
+    return "\n".join(lines)
