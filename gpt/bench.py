@@ -35,10 +35,10 @@ from .config import GPTConfig, TrainConfig, build, check_types, opt
 from .errors import UserError
 from .console import interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
-from .precision import matmul_precision
+from .cpu.precision import matmul_precision
 from .data import load_meta
 from .diagnostics import measure
-from .split import split_plan
+from .cpu.split import split_plan
 from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name

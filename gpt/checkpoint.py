@@ -23,15 +23,16 @@ import torch
 
 from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgraded
 from .errors import UserError, first_line
-from .model import GPT, weights_mismatch
+from .model import GPT
+from .pretrained import weights_mismatch
 
 FORMAT = "gpt-checkpoint-1"
 
 
 @functools.cache
 def code_version() -> str:
-    """A fingerprint of this package's source, every gpt/*.py: runs that share it were trained by
-    the same code. Any edit changes it, a comment's too, so a difference says the results may
+    """A fingerprint of this package's source, every .py file in gpt/ and its subpackages: runs
+    that share it were trained by the same code. Any edit changes it, a comment's too, so a difference says the results may
     differ, not that they do."""
     return fingerprint(Path(__file__).parent)
 
@@ -39,8 +40,8 @@ def code_version() -> str:
 def fingerprint(folder: Path) -> str:
     digest = hashlib.sha256()
     try:    # an editor's lock files (.#model.py) are not source
-        for path in sorted(p for p in Path(folder).glob("*.py") if not p.name.startswith(".")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        for path in sorted(p for p in Path(folder).rglob("*.py") if not p.name.startswith(".")):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
     except OSError:     # a file that cannot be read: nothing can be said
         return "unknown"
     return digest.hexdigest()[:12]

@@ -38,7 +38,7 @@ from .errors import UserError
 from .console import Terminated, interrupt_in_one_line, output_may_close
 from .data import ensure_prepared
 from .inspect import pyplot
-from .split import split_plan
+from .cpu.split import split_plan
 from .trainer import (DIVERGED_EXIT, SWEEP_PID, catch_signals, check_compile, check_threads, listed_in,
                       read_jsonl, resolve_device, run_record, write_json)
 

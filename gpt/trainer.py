@@ -38,8 +38,8 @@ from .diagnostics import measure as measure_diagnostics
 from .diagnostics import unigram_loss
 from .model import GPT
 from .optim import AdamW, clip_grad_norm
-from .precision import cpu_computes_bfloat16, matmul_precision, torch_level
-from .split import RowSplit, split_plan
+from .cpu.precision import cpu_computes_bfloat16, matmul_precision, torch_level
+from .cpu.split import RowSplit, split_plan
 
 
 class Diverged(UserError):

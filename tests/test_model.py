@@ -12,8 +12,10 @@ from torch import nn
 
 from gpt.config import GPTConfig
 from gpt.errors import UserError
-from gpt.model import GPT, CausalSelfAttention, KVCache, attention
-from gpt.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
+from gpt.cpu.attention import attention
+from gpt.generate import KVCache
+from gpt.model import GPT, CausalSelfAttention
+from gpt.cpu.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
                            lists_bfloat16, matmul_precision)
 from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 
@@ -530,7 +532,7 @@ def test_truncated_sampling_equals_greedy(truncation):
     (1.0, None, 1e-300, [1, 0, 0, 0]),                  # 0 in float32: the likeliest token is kept
 ])
 def test_sampling_draws_from_the_truncated_tempered_distribution(temperature, top_k, top_p, expected):
-    from gpt.model import pick_token
+    from gpt.generate import pick_token
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(40_000, 4)
     tokens = pick_token(logits, temperature, top_k, top_p, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens.flatten(), minlength=4) / tokens.numel()
@@ -540,7 +542,7 @@ def test_sampling_draws_from_the_truncated_tempered_distribution(temperature, to
 
 @pytest.mark.parametrize("top_k, top_p", [(1, None), (None, 0.3)])
 def test_truncation_keeps_tokens_tied_at_its_edge(top_k, top_p):
-    from gpt.model import pick_token
+    from gpt.generate import pick_token
     logits = torch.tensor([[0.2, 0.4, 0.4]]).log().expand(40_000, 3)
     tokens = pick_token(logits, 1.0, top_k, top_p, torch.Generator().manual_seed(0))
     freq = torch.bincount(tokens.flatten(), minlength=3) / tokens.numel()

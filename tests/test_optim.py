@@ -140,7 +140,7 @@ def test_training_does_not_import_the_compiler_or_sympy(data_dir, tmp_path, prec
     args = tiny_args(data_dir, tmp_path / "run", "--max_iters=3", "--eval_interval=3",
                      f"--matmul_precision={precision}")
     # as on a CPU with AMX, so that medium's exact attention is what runs
-    code = (f"import sys, train, gpt.precision; gpt.precision.cpu_can_round = lambda: True; "
+    code = (f"import sys, train, gpt.cpu.precision; gpt.cpu.precision.cpu_can_round = lambda: True; "
             f"assert train.main({args!r}) == 0; "
             "print([m for m in ('torch._dynamo', 'sympy') if m in sys.modules] or 'clean')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -18,10 +18,11 @@ from gpt.cli import shown
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.data import Batches
-from gpt import model as model_module
-from gpt import precision as precision_module
-from gpt.model import GPT, attention
-from gpt.precision import cpu_rounds_matmuls, matmul_precision
+from gpt import cpu as cpu_hooks
+from gpt.cpu import precision as precision_module
+from gpt.cpu.attention import attention
+from gpt.model import GPT
+from gpt.cpu.precision import cpu_rounds_matmuls, matmul_precision
 from gpt import trainer
 from gpt.trainer import check_compile, lr_at, make_optimizer, read_jsonl
 
@@ -468,6 +469,10 @@ def test_the_code_fingerprint_skips_lock_files_and_gives_up_on_unreadable_ones(t
     assert fingerprint(tmp_path) == first
     (tmp_path / "model.py").write_text("x = 2\n")
     assert fingerprint(tmp_path) not in (first, "unknown")
+    second = fingerprint(tmp_path)
+    (tmp_path / "cpu").mkdir()                  # a subpackage's source counts too
+    (tmp_path / "cpu" / "split.py").write_text("y = 1\n")
+    assert fingerprint(tmp_path) not in (second, "unknown")
     (tmp_path / "trainer.py").symlink_to(tmp_path / "nowhere")
     assert fingerprint(tmp_path) == "unknown"
 
@@ -518,7 +523,7 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
                                                                            cpu_rounds_when_asked):
     seen = []
     # torch.compile's own code reads the level back through torch's getter: it must not raise
-    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(
+    monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(
         (cpu_rounds_matmuls(), torch.get_float32_matmul_precision())) or attention(*a))
     with matmul_precision("medium", "cuda"):      # a caller's own level: CUDA and a CPU rounded
         assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2",
@@ -531,7 +536,7 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
 
 def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(model_module, "attention", lambda *a: seen.append(torch.get_num_threads())
+    monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(torch.get_num_threads())
                         or attention(*a))
     found = torch.get_num_threads()
     try:

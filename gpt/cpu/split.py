@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
-from .config import GPTConfig, TrainConfig
-from .errors import UserError
+from ..config import GPTConfig, TrainConfig
+from ..errors import UserError
 from .precision import torch_level
 
 # Each part's Python code holds the interpreter lock while it calls its ops (about 0.8 ms of a

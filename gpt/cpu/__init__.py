@@ -1,0 +1,13 @@
+"""Speed code for CPUs only, kept out of the model and the loop a reader studies.
+
+The model reaches it through three names: `attention` (SDPA, kept in float32 and exact on a
+CPU), `exact_matmuls` (a block of exact float32 matmuls) and `lay_out_weights`; the training
+loop through precision.py (matmul_precision), split.py (thread_split) and memory.py (the
+allocator). docs/performance.md gives the figures behind each choice.
+"""
+
+from .attention import attention
+from .layout import lay_out_weights
+from .precision import exact_cpu_matmuls as exact_matmuls
+
+__all__ = ["attention", "exact_matmuls", "lay_out_weights"]
