@@ -46,8 +46,8 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
-    from gpt.data import encode_prompt, read_prompt
-    from gpt.trainer import resolve_device
+    from gpt.tokenizers import encode_prompt, read_prompt
+    from gpt.train.runtime import resolve_device
 
     device = resolve_device(cfg.device)
     name = {"latest": "ckpt.pt", "best": "ckpt_best.pt"}[cfg.ckpt]

@@ -10,7 +10,8 @@ from pathlib import Path
 from gpt.console import interrupt_quietly_while_loading, loaded, output_may_close
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
-from gpt import sweep, trainer  # noqa: E402
+from gpt.sweep import runner  # noqa: E402
+from gpt.train import loop, resume, signals  # noqa: E402
 from gpt.cli import SECTIONS, help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
@@ -34,15 +35,15 @@ def run(argv: list[str]) -> int:
         grid = build(SweepConfig, args.values)      # built to check
         sweeping = bool(args.sweep) or grid.seeds > 1
         if sweeping:
-            return sweep.run(args, argv)
+            return runner.run(args, argv)
         if grid.jobs > 1:
             raise UserError(f"jobs={grid.jobs} runs several runs of a sweep at once, but this is one run; "
                             "give --sweep name=a,b or --seeds=N, or leave --jobs out")
-        model_cfg, train_cfg = trainer.configs_for_run(args.values)
-        summary = trainer.train(model_cfg, train_cfg, argv)
-    except trainer.Diverged as e:
+        model_cfg, train_cfg = resume.configs_for_run(args.values)
+        summary = loop.train(model_cfg, train_cfg, argv)
+    except loop.Diverged as e:
         print(f"error: {e}", file=sys.stderr)
-        return trainer.DIVERGED_EXIT
+        return loop.DIVERGED_EXIT
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2
@@ -53,7 +54,7 @@ def run(argv: list[str]) -> int:
               if out_dir and (out_dir / "ckpt.pt").exists() else "interrupted; no checkpoint was saved",
               file=sys.stderr)
         return 130
-    return trainer.exit_status(summary["stopped_by"])
+    return signals.exit_status(summary["stopped_by"])
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def nanogpt_train(path: Path, iters: int, extra=()) -> tuple[list[float], float,
 
 
 def our_train(out_dir: Path, args: list[str]) -> tuple[list[float], float, float, list[dict]]:
-    from gpt.trainer import read_jsonl
+    from gpt.train.metrics import read_jsonl
     _, wall, rss = timed([sys.executable, "train.py", f"--out_dir={out_dir}", *args], ROOT)
     rows = read_jsonl(out_dir / "metrics.jsonl")
     ms = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
@@ -108,7 +108,7 @@ def throughput(path: Path, rounds: int, iters: int, extra: list[str]) -> dict:
 
 def val_ids(data_dir: Path = ROOT / "data", dataset: str = "shakespeare_char"):
     import numpy as np
-    from gpt.data import ensure_prepared
+    from gpt.datasets import ensure_prepared
     return np.fromfile(ensure_prepared(str(data_dir), dataset) / "val.bin", dtype=np.uint16)
 
 

@@ -2,7 +2,7 @@
 
     python -m gpt.bench --config shakespeare_char_cpu [--name=value ...] [--bench_iters=50] [--json]
 
-Training is timed through the real training loop (gpt.trainer.train) in a scratch folder: the
+Training is timed through the real training loop (gpt.train.loop.train) in a scratch folder: the
 median time of the steps after the first `bench_warmup`, evaluation excluded. MFU compares the
 model's FLOPs per second with a peak: on a CPU or an Apple GPU the best float32 (at the run's
 matmul_precision) or bfloat16 matmul rate measured there and then, on CUDA the GPU's datasheet
@@ -39,7 +39,10 @@ from .cpu.precision import matmul_precision
 from .data import load_meta
 from .diagnostics import measure
 from .cpu.split import split_plan
-from .trainer import autocast_dtype, read_jsonl, resolve_device, tokens_per_step, train
+from .train.loop import train
+from .train.metrics import read_jsonl
+from .train.runtime import autocast_dtype, resolve_device
+from .train.setup import tokens_per_step
 
 # dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
 # must match whole ("L4" is not "L40S"), and the first match wins, so variants come first

@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 
 from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgraded
+from .data import valid_meta
 from .errors import UserError, first_line
 from .model import GPT
 from .pretrained import weights_mismatch
+from .tokenizers import tokenizer_from_meta
 
 FORMAT = "gpt-checkpoint-1"
 
@@ -113,7 +115,7 @@ def _sync_folder(folder: Path) -> None:
             os.close(dir_fd)
 
 
-# what sampling needs; resuming needs the rest of what trainer.train saves as well
+# what sampling needs; resuming needs the rest of what the training loop saves as well
 MODEL_KEYS = ("model", "model_config", "meta")
 RESUME_KEYS = (*MODEL_KEYS, "train_config", "optimizer", "iter", "best_val_loss",
                "last_eval_iter", "rng", "batch_rng")
@@ -175,7 +177,6 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
 def _problem(ckpt: dict, needs) -> str | None:
     """What is wrong with the parts of a loaded checkpoint that the caller needs, if anything:
     found here, a damaged or foreign file is named, not blamed on the command's own options."""
-    from .data import valid_meta
     weights = ckpt.get("model")
     if "model" in needs and not (isinstance(weights, dict) and
                                  all(isinstance(v, torch.Tensor) for v in weights.values())):
@@ -306,7 +307,6 @@ def load_weights(model: GPT, ckpt: dict) -> None:
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):
     """(model in eval mode on device, tokenizer) of the run in out_dir; `otherwise` ends the
     message about weights that are not finite, with what else the caller could load."""
-    from .data import tokenizer_from_meta
     ckpt = load(Path(out_dir) / name, map_location=device)
     # a stop saves ckpt.pt unevaluated, so a diverged run's may hold them; sampling would fail deep
     # in torch (a resume may go on from them, skipping steps, and an evaluation scores them nan)

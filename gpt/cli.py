@@ -177,7 +177,27 @@ class Args:
 
 
 def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
+    """The values, axes and config file a command line gives a command taking `sections`."""
     fields = fields_of(sections)
+    config_name, raw, sweep = read_tokens(argv, fields, sections)
+    values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    source = dict(config_name=config_name,
+                  from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
+    values.update(raw)
+    check_given(fields, values, raw, sweep, file_sweep, config_name, sections)
+    if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
+        unset = [name for name in file_sweep if name not in raw]
+        if unset:
+            picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
+            raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
+                            f"setting: pick one value for each, e.g. {picks}")
+        return Args(values=values, sweep={}, **source)
+    check_axes(raw, sweep, file_sweep, config_name)
+    return Args(values=values, sweep={**file_sweep, **sweep}, **source)
+
+
+def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, dict, dict[str, list]]:
+    """(--config's name, --name=value overrides, --sweep axes) as typed values."""
     config_name, raw, sweep = None, {}, {}
     tokens = list(argv)
     for token in tokens:
@@ -229,10 +249,12 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             sweep[axis] = [convert(axis, v, fields, axis=True) for v in values.split(",")]
         else:
             raw[name] = convert(name, value, fields)
-    values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
-    source = dict(config_name=config_name,
-                  from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
-    values.update(raw)
+    return config_name, raw, sweep
+
+
+def check_given(fields: dict, values: dict, raw: dict, sweep: dict, file_sweep: dict,
+                config_name: str | None, sections) -> None:
+    """Refuse a value no command may set (the vocabulary size), and --resume with a config file."""
     for name, (cls, f) in fields.items():
         if "given_by" in f.metadata and name in {**values, **file_sweep, **sweep}:
             where = (f"--{name}" if name in raw else f"--sweep {name}" if name in sweep
@@ -245,13 +267,10 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
         raise UserError(f"--resume continues a run with the settings in its checkpoint, which "
                         f"{config_name}'s would replace; run train.py --out_dir={shown(folder)} "
                         "--resume, adding only what should change (e.g. --max_iters)")
-    if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
-        unset = [name for name in file_sweep if name not in raw]
-        if unset:
-            picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
-            raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
-                            f"setting: pick one value for each, e.g. {picks}")
-        return Args(values=values, sweep={}, **source)
+
+
+def check_axes(raw: dict, sweep: dict, file_sweep: dict, config_name: str | None) -> None:
+    """Refuse axes the sweep sets itself, a value listed twice, and an axis also given one value."""
     for name, listed in {**file_sweep, **sweep}.items():
         where = "--sweep" if name in sweep else config_name
         if name in RESERVED_AXES:
@@ -266,7 +285,6 @@ def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
             fix = ("give one or the other" if name in sweep else
                    f"to run only some values, give them as --sweep {name}={shown(raw[name])}")
             raise UserError(f"--{name}={shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
-    return Args(values=values, sweep={**file_sweep, **sweep}, **source)
 
 
 def shown(value) -> str:
@@ -277,24 +295,55 @@ def shown(value) -> str:
     return repr(text) if text != text.strip() or not text or "," in text or " " in text else text
 
 
+# --help's headings for the training options, in the order a run is thought through
+TRAIN_GROUPS = {
+    "data": ("dataset", "data_dir"),
+    "optimisation": ("batch_size", "gradient_accumulation_steps", "max_iters", "learning_rate", "weight_decay",
+                     "beta1", "beta2", "grad_clip", "skip_nonfinite"),
+    "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "cooldown_frac"),
+    "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
+                                   "overwrite"),
+    "logging": ("log_interval", "diagnostics", "wandb", "wandb_project", "wandb_run_name"),
+    "system": ("device", "dtype", "matmul_precision", "compile", "threads", "flush_denormal", "thread_split",
+               "seed"),
+}
+
+
+def help_groups(sections) -> list[tuple[str, list]]:
+    """(heading, fields) for --help: the model's, the training options by TRAIN_GROUPS, then each
+    other section's under its own name (SampleConfig: sample)."""
+    groups = []
+    for cls in sections:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if cls is TrainConfig:
+            groups += [(heading, [fields[name] for name in names]) for heading, names in TRAIN_GROUPS.items()]
+        else:
+            heading = "model" if cls is GPTConfig else cls.__name__.removesuffix("Config").lower()
+            groups.append((heading, list(fields.values())))
+    return groups
+
+
 def help_text(prog: str, sections=SECTIONS, hidden=()) -> str:
-    """--help: each field of sections with its default and help, but those named in hidden."""
+    """--help: each field of sections, one line each under its heading, with its default, its
+    choices and its help; but those named in hidden."""
     configs, sweeps = TrainConfig in sections, SweepConfig in sections
     lines = [f"usage: python {prog}{' [--config NAME]' if configs else ''} [--name=value ...]"
              f"{' [--sweep name=v1,v2 ...]' if sweeps else ''}", ""]
     if configs:
         lines.append(f"--config NAME: one of {', '.join(available_configs())}, or a .toml path")
     if sweeps:
-        lines.append("--sweep name=v1,v2: run every combination of the listed values (see SweepConfig)")
+        lines.append("--sweep name=v1,v2: run every combination of the listed values (see sweep below)")
     if configs:
         lines.append("")
-    for cls in sections:
-        lines.append(f"{cls.__name__}:")
-        for f in dataclasses.fields(cls):
-            if "given_by" in f.metadata or f.name in hidden:
-                continue
+    for heading, fields in help_groups(sections):
+        shown_fields = [f for f in fields if "given_by" not in f.metadata and f.name not in hidden]
+        if not shown_fields:
+            continue
+        lines.append(f"{heading}:")
+        for f in shown_fields:
             choices = f.metadata.get("choices")
-            allowed = f" [{' | '.join(choices)}]" if choices else ""
-            lines.append(f"  --{f.name}={shown(f.default)}{allowed}\n      {f.metadata['help']}")
+            option = f"--{f.name}={shown(f.default)}" + (f" [{' | '.join(choices)}]" if choices else "")
+            lines.append(f"  {option:<32} {f.metadata['help']}")
         lines.append("")
+    lines.append("docs/options.md tells each option at length.")
     return "\n".join(lines)

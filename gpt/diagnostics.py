@@ -1,6 +1,6 @@
 """Measurements that explain why a setting trains or fails.
 
-At each evaluation the trainer calls `measure` on one fixed batch, outside the training step:
+At each evaluation the training loop calls `measure` on one fixed batch, outside the training step:
 per block, the gradient norm of its parameters, the size of the update AdamW's stored moments
 make at this step's learning rate relative to its weights, the RMS of the residual stream after
 it, and how alike its output vectors at different positions are; per head, the entropy of its
@@ -29,6 +29,7 @@ from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .model import GPT
 from .optim import AdamW
+from .train.runtime import device_memory, out_of_memory_in_one_line
 
 
 def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> float:
@@ -82,7 +83,7 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
 
 def update_ratios(blocks, optimizer: AdamW) -> list[float]:
     """Per block, ||update|| / ||weights|| of the step AdamW's stored moments make at the group's
-    current lr (the trainer sets this step's before evaluating): lr * (m_hat /
+    current lr (the loop sets this step's before evaluating): lr * (m_hat /
     (sqrt(v_hat) + eps) + weight_decay * w). Around 1e-3 is the usual healthy range; much larger
     means the weights are being rewritten each step, much smaller that the block has stalled."""
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
@@ -148,7 +149,6 @@ def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
     y = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
-    from .trainer import device_memory     # here: the trainer imports this module
     total = device_memory("cpu")
     shapes = {depth: GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth, n_head=n_head,
                                n_embd=n_embd) for depth in depths}
@@ -189,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
         gd.error(f"--depths {args.depths!r} should be integers separated by commas")
     if min(depths) < 1:
         gd.error("--depths must be positive")
-    from .trainer import out_of_memory_in_one_line     # here: the trainer imports this module
     try:
         check_seed(args.seed)
         with out_of_memory_in_one_line("lower --n_embd or the --depths"):

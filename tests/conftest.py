@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-from gpt.data import prepare  # noqa: E402
+from gpt.datasets import prepare  # noqa: E402
 
 # A tiny run: fast on 2 cores, still a real model with every part present.
 TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",

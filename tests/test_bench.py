@@ -107,7 +107,7 @@ def test_the_cpu_peak_is_measured_at_the_runs_matmul_precision_and_sampling_at_t
                                                ((9, 0), torch.bfloat16)])
 def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capability, dtype):
     from gpt.config import TrainConfig
-    from gpt.trainer import autocast_dtype
+    from gpt.train.runtime import autocast_dtype
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(device) or capability)
     assert autocast_dtype(TrainConfig(), "cuda:1") == dtype     # a T4 (7.5) only emulates bfloat16
@@ -120,12 +120,12 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capabi
 @pytest.mark.parametrize("native", [False, True])
 def test_fast_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, native):
     # emulated, bfloat16 made the fast config's steps 10-15x slower than float32
-    from gpt import trainer
+    from gpt.train import runtime
     from gpt.config import TrainConfig
-    monkeypatch.setattr(trainer, "cpu_computes_bfloat16", lambda: native)
-    assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "cpu") == (torch.bfloat16 if native else torch.float32)
-    assert trainer.autocast_dtype(TrainConfig(dtype="auto"), "cpu") == torch.float32
-    assert trainer.autocast_dtype(TrainConfig(dtype="fast"), "mps") == torch.float32
+    monkeypatch.setattr(runtime, "cpu_computes_bfloat16", lambda: native)
+    assert runtime.autocast_dtype(TrainConfig(dtype="fast"), "cpu") == (torch.bfloat16 if native else torch.float32)
+    assert runtime.autocast_dtype(TrainConfig(dtype="auto"), "cpu") == torch.float32
+    assert runtime.autocast_dtype(TrainConfig(dtype="fast"), "mps") == torch.float32
 
 
 def _compare_nanogpt(monkeypatch, *argv):

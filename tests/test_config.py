@@ -195,9 +195,26 @@ def test_help_lists_every_field_with_default_and_meaning():
                 continue
             assert f"--{f.name}={shown}" in text and f.metadata["help"] in text
     # defaults as they would be typed on the command line
-    assert "--bias=true\n" in text and "--pos_encoding=learned [" in text and "--wandb_run_name=''" in text
+    assert "  --bias=true  " in text and "--pos_encoding=learned [" in text and "--wandb_run_name=''" in text
     assert "--sweep name=v1,v2" in text and "sweeps/norm_residual" in text
     assert "--sweep" not in help_text("sample.py", (SampleConfig,))
+
+
+def test_help_groups_the_options_under_headings_one_line_each():
+    from gpt.cli import TRAIN_GROUPS
+    grouped = [name for names in TRAIN_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(TrainConfig))     # each once
+    text = help_text("train.py")
+    headings = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert headings == ["model", "data", "optimisation", "schedule", "evaluation and checkpoints", "logging",
+                        "system", "sweep"]
+    for cls in (GPTConfig, TrainConfig):
+        for f in dataclasses.fields(cls):
+            lines = [line for line in text.splitlines() if line.startswith(f"  --{f.name}=")]
+            assert len(lines) == ("given_by" not in f.metadata), f.name
+            assert all(line.endswith(f.metadata["help"]) for line in lines), f.name
+    assert text.index("  --n_layer=") < text.index("data:") < text.index("  --dataset=") < text.index("optimisation:")
+    assert text.index("system:") < text.index("  --device=") < text.index("sweep:") < text.index("  --seeds=")
 
 
 @pytest.mark.parametrize("argv, message", [

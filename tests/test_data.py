@@ -13,7 +13,9 @@ from conftest import make_text
 from gpt.cli import parse_argv
 from gpt.config import REPO_ROOT
 from gpt.errors import UserError
-from gpt.data import Batches, CharTokenizer, ensure_prepared, prepare, tokenizer_from_meta
+from gpt.data import Batches
+from gpt.datasets import ensure_prepared, prepare
+from gpt.tokenizers import CharTokenizer, tokenizer_from_meta
 
 
 def test_prepare_round_trip(tmp_path):
@@ -38,7 +40,7 @@ def test_prepare_again_gives_the_same_files(tmp_path):
 
 
 def test_prepare_script_on_a_users_file(tmp_path, capsys):
-    from gpt.data import prepare_main
+    from gpt.datasets import prepare_main
     src = tmp_path / "mine.txt"
     src.write_text("hello world\n" * 50)
     assert prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")]) == 0
@@ -71,7 +73,7 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
     """The text is encoded piece by piece, so that a file of any size fits in memory; the ids must
     be those of each half encoded whole, wherever the pieces end (BPE: only between a character
     and a newline, as its pre-tokenizer would split anyway)."""
-    from gpt import data
+    from gpt import datasets
     if tokenizer == "tiktoken":
         tiktoken = pytest.importorskip("tiktoken")
         try:
@@ -84,7 +86,7 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
     text = make_text(400) + AWKWARD * 3 + make_text(200, seed=1) + "\n\n"
     n = int(len(text) * 0.9)
     for piece in (1, 5, 64, len(text)):
-        monkeypatch.setattr(data, "PIECE", piece)
+        monkeypatch.setattr(datasets, "PIECE", piece)
         meta = prepare(text, tmp_path / str(piece), tokenizer=tokenizer)
         train, val = (np.fromfile(tmp_path / str(piece) / f"{s}.bin", dtype=np.uint16).tolist()
                       for s in ("train", "val"))
@@ -98,11 +100,11 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
 
 def test_a_text_file_is_prepared_without_holding_it_in_memory(tmp_path, monkeypatch):
     import tracemalloc
-    from gpt import data
-    from gpt.data import prepare_file
+    from gpt import datasets
+    from gpt.datasets import prepare_file
     src = tmp_path / "big.txt"
     src.write_bytes(("hello wörld\r\n" * 200_000).encode())     # 2.6 MB; CRLF read as \n
-    monkeypatch.setattr(data, "PIECE", 1 << 14)
+    monkeypatch.setattr(datasets, "PIECE", 1 << 14)
     tracemalloc.start()
     try:
         meta = prepare_file(src, tmp_path / "out")
@@ -120,11 +122,11 @@ def test_a_text_file_is_prepared_without_holding_it_in_memory(tmp_path, monkeypa
     (b"ab\xc3", 2),                         # a character cut off at the end
 ])
 def test_a_file_that_is_not_utf8_is_named_with_its_first_bad_byte(content, byte, tmp_path, monkeypatch):
-    from gpt import data
-    monkeypatch.setattr(data, "PIECE", 3)
+    from gpt import datasets
+    monkeypatch.setattr(datasets, "PIECE", 3)
     (tmp_path / "bad.txt").write_bytes(content)
     with pytest.raises(UserError, match=rf"bad.txt is not UTF-8 text \(byte {byte}\); convert it"):
-        data.prepare_file(tmp_path / "bad.txt", tmp_path / "out")
+        datasets.prepare_file(tmp_path / "bad.txt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -135,22 +137,22 @@ def test_a_config_file_saved_with_a_byte_order_mark_loads(tmp_path):
 
 
 def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monkeypatch):
-    from gpt import data
-    monkeypatch.setattr(data, "__file__", str(tmp_path / "gpt" / "data.py"))    # the shipped folder
+    from gpt import datasets
+    monkeypatch.setattr(datasets, "__file__", str(tmp_path / "gpt" / "datasets.py"))    # the shipped folder
     shipped = tmp_path / "data" / "shakespeare_char"
     shipped.mkdir(parents=True)
     (shipped / "input.txt").write_text("to be or not to be\n" * 20)
-    assert data.prepare_main("shakespeare_char", []) == 0
+    assert datasets.prepare_main("shakespeare_char", []) == 0
     before = {p.name: p.read_bytes() for p in shipped.iterdir()}
     src = tmp_path / "mine.txt"
     src.write_text("hello world\n" * 50)
-    assert data.prepare_main("shakespeare_char", ["--input", str(src)]) == 2
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(src)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --input needs --out_dir: ") and err.count("\n") == 1
-    assert data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir="]) == 2     # an unset $OUT
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir="]) == 2     # an unset $OUT
     assert capsys.readouterr().err == "error: --out_dir is empty; give the folder the dataset goes into\n"
     mine = tmp_path / "data" / "mine"       # an unset $FILE, which would have fetched Tiny Shakespeare
-    assert data.prepare_main("shakespeare_char", ["--input=", "--out_dir", str(mine)]) == 2
+    assert datasets.prepare_main("shakespeare_char", ["--input=", "--out_dir", str(mine)]) == 2
     assert capsys.readouterr().err == "error: --input is empty; give the text file to prepare\n"
     assert not mine.exists()
     assert before == {p.name: p.read_bytes() for p in shipped.iterdir()}
@@ -158,7 +160,7 @@ def test_a_users_file_never_replaces_the_shipped_dataset(tmp_path, capsys, monke
 
 def test_meta_json_is_utf8_whatever_the_locale(tmp_path):
     """A vocabulary of non-ASCII characters survives a machine whose locale is not UTF-8."""
-    code = ("import sys; from pathlib import Path; from gpt.data import prepare, load_meta; "
+    code = ("import sys; from pathlib import Path; from gpt.data import load_meta; from gpt.datasets import prepare; "
             "text = 'h\\u00e9llo \\u2014 \\u2603 '; out = Path(sys.argv[1]); prepare(text * 50, out); "
             "assert load_meta(out)['chars'] == sorted(set(text)); print('ok')")     # ASCII: the C locale's argv
     env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
@@ -187,7 +189,7 @@ def test_an_incomplete_meta_json_is_refused_where_it_is_read(meta, tmp_path):
     ("file_as_out_dir", "cannot be made a folder (File exists); pick another --out_dir"),
 ])
 def test_prepare_script_names_bad_paths_in_one_line(case, message, tmp_path, capsys):
-    from gpt.data import prepare_main
+    from gpt.datasets import prepare_main
     src, out = tmp_path / "mine.txt", tmp_path / "out"
     src.write_text("hello world\n" * 50)
     if case == "folder_as_input":
@@ -245,7 +247,7 @@ def test_download_failure_says_where_to_put_the_file(failure, tmp_path, monkeypa
 
 def test_a_shipped_dataset_copies_its_text_from_a_twin_of_the_same_source(tmp_path, monkeypatch, capsys):
     import urllib.request
-    from gpt.data import DATASETS, fetch_text
+    from gpt.datasets import DATASETS, fetch_text
 
     def offline(*a, **k):
         raise OSError("no network")
@@ -322,7 +324,7 @@ def test_a_split_file_that_is_a_folder_is_named(data_dir, tmp_path):
     ("FILE:{tmp}/empty.txt", "--start=FILE:{tmp}/empty.txt: the file is empty; a prompt needs at least one"),
 ])
 def test_a_prompt_file_that_cannot_be_read_is_named(start, message, tmp_path):
-    from gpt.data import read_prompt
+    from gpt.tokenizers import read_prompt
     (tmp_path / "empty.txt").write_text("")
     with pytest.raises(UserError, match=re.escape(message.format(tmp=tmp_path))):
         read_prompt(start.format(tmp=tmp_path))
@@ -350,7 +352,7 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
     ("char", None),                   # deleted
 ])
 def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text, tmp_path, monkeypatch):
-    from gpt import data
+    from gpt import datasets
     if tokenizer == "tiktoken":
         tiktoken = pytest.importorskip("tiktoken")
         try:
@@ -360,7 +362,7 @@ def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text
     src = tmp_path / "a.txt"
     src.write_text("abc\n" * 100)
     os.utime(src, ns=(0, 0))
-    read, passes = data.text_pieces, []
+    read, passes = datasets.text_pieces, []
 
     def pieces(path):
         passes.append(path)
@@ -370,16 +372,16 @@ def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text
         yield from read(path)
         if new_text is None and len(passes) == 2:
             path.unlink()
-    monkeypatch.setattr(data, "text_pieces", pieces)
+    monkeypatch.setattr(datasets, "text_pieces", pieces)
     with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
-        data.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
+        datasets.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
     assert not (tmp_path / "out").exists()        # the folder it made is gone again
 
 
 def test_a_pipe_is_read_once(tmp_path):
     """--input /dev/stdin or <(command): a second read would find nothing."""
     import threading
-    from gpt.data import prepare_file
+    from gpt.datasets import prepare_file
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     text = make_text(300)
@@ -395,7 +397,7 @@ def test_a_pipe_is_read_once(tmp_path):
 def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_path, monkeypatch):
     import io
     import urllib.request
-    from gpt import data
+    from gpt import datasets
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"First Citizen:\n"))
     real_replace = os.replace
 
@@ -405,51 +407,51 @@ def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_p
         real_replace(src, dst)
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*input.txt \(No space left on device\)$"):
-        data.fetch_text(tmp_path / "input.txt", "https://example.org/input.txt")
+        datasets.fetch_text(tmp_path / "input.txt", "https://example.org/input.txt")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("")          # a folder that is a file
     with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*file/input.txt \("):
-        data.fetch_text(tmp_path / "file" / "input.txt", "https://example.org/input.txt")
+        datasets.fetch_text(tmp_path / "file" / "input.txt", "https://example.org/input.txt")
 
 
 def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):
     """The first process of each machine of a torchrun prepares the data, maybe on a shared disk,
     where two of them can have the same process id."""
-    from gpt import data
+    from gpt import datasets
     src = tmp_path / "a.txt"
     src.write_text(make_text(300))
-    read, passes = data.text_pieces, []
+    read, passes = datasets.text_pieces, []
 
     def pieces(path):
         passes.append(path)
         if len(passes) == 2:        # the first preparer is encoding: a second one runs meanwhile
-            data.prepare_file(src, tmp_path / "out")
+            datasets.prepare_file(src, tmp_path / "out")
         yield from read(path)
-    monkeypatch.setattr(data, "text_pieces", pieces)
+    monkeypatch.setattr(datasets, "text_pieces", pieces)
     monkeypatch.setattr(os, "getpid", lambda: 4242)
-    meta = data.prepare_file(src, tmp_path / "out")
+    meta = datasets.prepare_file(src, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["meta.json", "train.bin", "val.bin"]
     ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
     assert CharTokenizer(meta["chars"]).decode(ids.tolist()) == src.read_text()
 
 
 def test_prepare_refuses_to_replace_a_dataset_made_from_other_text(tmp_path, capsys):
-    from gpt import data
+    from gpt import datasets
     out = tmp_path / "mine"
     first, second = tmp_path / "a.txt", tmp_path / "b.txt"
     first.write_text("to be or not to be\n" * 30)
     second.write_text("hello world\n" * 50)
-    assert data.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert data.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0   # again
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(first), "--out_dir", str(out)]) == 0   # again
     capsys.readouterr()
-    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 2
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 2
     assert capsys.readouterr().err == (f"error: {out} holds a dataset prepared from other text, which runs may "
                                        "have trained on; give --overwrite to replace it, or another --out_dir\n")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before      # no temporary file left either
-    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out), "--overwrite"]) == 0
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out), "--overwrite"]) == 0
     assert json.loads((out / "meta.json").read_text())["vocab_size"] == len(set("hello world\n"))
     # the same text again, over a meta.json an older version laid out otherwise, is the same dataset
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(meta))
-    assert data.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 0
+    assert datasets.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 0

@@ -10,7 +10,7 @@ from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.optim import AdamW, clip_grad_norm
-from gpt.trainer import make_optimizer
+from gpt.train.setup import make_optimizer
 
 
 def _model(seed=0):
@@ -178,4 +178,4 @@ def test_clip_grad_norm_reports_a_nonfinite_norm(bad):
     next(_losses(model, 1)).backward()
     model.lm_head.weight.grad[0, 0] = bad
     norm = clip_grad_norm(model.parameters(), 1.0)
-    assert not math.isfinite(norm)        # the trainer skips such a step on this value
+    assert not math.isfinite(norm)        # the loop skips such a step on this value

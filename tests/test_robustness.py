@@ -18,8 +18,8 @@ import train
 from conftest import ROOT, make_text, tiny_args
 from gpt import checkpoint
 from gpt.errors import UserError
-from gpt.data import prepare
-from gpt.trainer import read_jsonl
+from gpt.datasets import prepare
+from gpt.train.metrics import read_jsonl
 
 
 def train_lines(out_dir):
@@ -686,8 +686,8 @@ def test_wandb_gets_every_metric_as_numbers(data_dir, tmp_path, monkeypatch):
 
 
 def test_a_stop_in_the_last_step_still_finishes_with_the_evaluation(data_dir, tmp_path, monkeypatch):
-    from gpt import trainer
-    real_draw = trainer.Batches.draw
+    from gpt.data import Batches
+    real_draw = Batches.draw
     steps = {"n": 0}
 
     def draw_then_signal(self, split, n):
@@ -695,7 +695,7 @@ def test_a_stop_in_the_last_step_still_finishes_with_the_evaluation(data_dir, tm
         if steps["n"] == 4:                     # during the last of 4 steps
             signal.raise_signal(signal.SIGINT)
         return real_draw(self, split, n)
-    monkeypatch.setattr(trainer.Batches, "draw", draw_then_signal)
+    monkeypatch.setattr(Batches, "draw", draw_then_signal)
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
     evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -705,11 +705,11 @@ def test_a_stop_in_the_last_step_still_finishes_with_the_evaluation(data_dir, tm
 def test_a_stop_just_before_an_evaluation_resumes_to_the_same_diagnostics(data_dir, tmp_path, monkeypatch):
     # the resumed run evaluates iteration 4 with a fresh optimizer: its update ratios must still
     # use iteration 4's learning rate, as the uninterrupted run's do
-    from gpt import trainer
+    from gpt.data import Batches
     run = ["--max_iters=8", "--eval_interval=4", "--learning_rate=1e-2", "--lr_decay_iters=8"]
     ref = tmp_path / "ref"
     assert train.main(tiny_args(data_dir, ref, *run)) == 0
-    real_draw = trainer.Batches.draw
+    real_draw = Batches.draw
     steps = {"n": 0}
 
     def draw_then_signal(self, split, n):
@@ -717,11 +717,11 @@ def test_a_stop_just_before_an_evaluation_resumes_to_the_same_diagnostics(data_d
         if steps["n"] == 4:                     # during step 3: the stop saves iteration 4
             signal.raise_signal(signal.SIGINT)
         return real_draw(self, split, n)
-    monkeypatch.setattr(trainer.Batches, "draw", draw_then_signal)
+    monkeypatch.setattr(Batches, "draw", draw_then_signal)
     out = tmp_path / "stopped"
     assert train.main(tiny_args(data_dir, out, *run)) == 130
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 4
-    monkeypatch.setattr(trainer.Batches, "draw", real_draw)
+    monkeypatch.setattr(Batches, "draw", real_draw)
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
 
     def evals(path):
@@ -748,7 +748,7 @@ def test_a_prompt_file_that_is_not_text(data_dir, tmp_path, capsys):
 
 
 def test_a_second_signal_waits_for_the_checkpoint_being_written():
-    from gpt.trainer import StopRequest
+    from gpt.train.signals import StopRequest
     done = []
     with StopRequest() as stop:
         signal.raise_signal(signal.SIGINT)
@@ -763,11 +763,11 @@ def test_a_second_signal_waits_for_the_checkpoint_being_written():
 
 
 def test_an_interrupt_ends_train_with_one_line(data_dir, tmp_path, monkeypatch, capsys):
-    from gpt import trainer
+    from gpt.train import loop
 
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr(loop, "train", interrupted)
     assert train.main(tiny_args(data_dir, tmp_path / "o")) == 130
     err = capsys.readouterr().err
     assert err.startswith("interrupted;") and len(err.strip().splitlines()) == 1
@@ -891,11 +891,11 @@ def test_a_folder_with_ckpt_best_alone_says_how_to_continue_from_it(data_dir, tm
 
 
 def test_a_second_interrupt_says_whether_a_checkpoint_was_kept(data_dir, tmp_path, monkeypatch, capsys):
-    from gpt import trainer
+    from gpt.train import loop
 
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(trainer, "train", interrupted)
+    monkeypatch.setattr(loop, "train", interrupted)
     out = tmp_path / "o"
     assert train.main(tiny_args(data_dir, out)) == 130
     assert capsys.readouterr().err == "interrupted; no checkpoint was saved\n"
@@ -934,7 +934,7 @@ def test_a_run_started_under_nohup_ignores_sighup(data_dir, tmp_path):
 def test_only_a_second_ctrl_c_stops_at_once():
     """Linux may deliver a dying sweep's SIGTERM once per thread of the sweep: the run must still
     stop after its step and save, as for one."""
-    from gpt.trainer import StopRequest
+    from gpt.train.signals import StopRequest
     with StopRequest() as stop:
         stop._handle(signal.SIGTERM, None)
         stop._handle(signal.SIGTERM, None)
@@ -944,21 +944,21 @@ def test_only_a_second_ctrl_c_stops_at_once():
 
 
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
-    from gpt import sweep
+    from gpt.sweep import runner
 
     def interrupted(*args):
         raise KeyboardInterrupt
-    monkeypatch.setattr(sweep, "run", interrupted)
+    monkeypatch.setattr(runner, "run", interrupted)
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", "n_layer=1,2")) == 130
     assert capsys.readouterr().err == "sweep interrupted; run the same command again to continue\n"
 
 
 @pytest.mark.parametrize("command, argv, message", [
-    ("inspect", ["attention", "--bogus"], "unrecognized arguments: --bogus (see python -m gpt.inspect --help)"),
-    ("inspect", ["run"], "give the run folder once, as RUN_DIR or as --out_dir=RUN_DIR "
-                         "(see python -m gpt.inspect run --help)"),
-    ("inspect", ["attention", "a", "--out_dir=b"], "give the run folder once, as RUN_DIR or as "
-                                                   "--out_dir=RUN_DIR (see python -m gpt.inspect attention --help)"),
+    ("figures", ["attention", "--bogus"], "unrecognized arguments: --bogus (see python -m gpt.figures --help)"),
+    ("figures", ["run"], "give the run folder once, as RUN_DIR or as --out_dir=RUN_DIR "
+                         "(see python -m gpt.figures run --help)"),
+    ("figures", ["attention", "a", "--out_dir=b"], "give the run folder once, as RUN_DIR or as "
+                                                   "--out_dir=RUN_DIR (see python -m gpt.figures attention --help)"),
     ("diagnostics", ["grad-depth", "--depths=x"], "--depths 'x' should be integers separated by commas"),
     ("diagnostics", ["grad-depth", "--seed=-1"], "seed=-1 must be in [0, 2**32)"),
     ("diagnostics", ["grad-depth", "--n_embd=100000000", "--n_head=1", "--depths=1"],
@@ -966,13 +966,13 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
     ("prepare", ["--nope"], "unrecognized arguments: --nope (see python data/shakespeare_char/prepare.py --help)"),
 ])
 def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, message, capsys, monkeypatch):
-    from gpt import data, diagnostics, inspect
+    from gpt import datasets, diagnostics, figures
 
     def too_big(*args, **kwargs):       # as a CPU or GPU allocator fails, without trying
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     monkeypatch.setattr(diagnostics, "grad_depth", too_big)
-    main = {"inspect": inspect.main, "diagnostics": diagnostics.main,
-            "prepare": lambda argv: data.prepare_main("shakespeare_char", argv)}[command]
+    main = {"figures": figures.main, "diagnostics": diagnostics.main,
+            "prepare": lambda argv: datasets.prepare_main("shakespeare_char", argv)}[command]
     with pytest.raises(SystemExit) as stop:
         main(argv)
     err = capsys.readouterr().err
@@ -1000,7 +1000,7 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
                       "exceeded with url: /gpt-2/encodings/main/vocab.bpe (Caused by NameResolutionError("
                       "\"HTTPSConnection(host='openaipublic.blob.core.windows.net', port=443): Failed\"))")
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
-    from gpt.data import TiktokenTokenizer
+    from gpt.tokenizers import TiktokenTokenizer
     with pytest.raises(UserError) as e:
         TiktokenTokenizer("gpt2")
     assert str(e.value) == ("tiktoken could not load the 'gpt2' BPE files (HTTPSConnectionPool(host='openaipublic."
@@ -1043,15 +1043,17 @@ def test_an_error_of_the_command_keeps_its_status_when_the_output_also_failed():
 
 
 @pytest.mark.parametrize("script", ["train.py", "data/shakespeare_char/prepare.py", "data/shakespeare/prepare.py",
-                                    "gpt.sweep", "gpt.inspect", "gpt.diagnostics", "gpt.bench"])
+                                    "gpt.sweep", "gpt.figures", "gpt.diagnostics", "gpt.bench"])
 def test_a_ctrl_c_while_torch_loads_gets_one_line(script):
-    # a real SIGINT, sent as the command starts importing torch, where it spends its seconds
+    # a real SIGINT, sent as the command starts importing torch, where it spends its seconds; the
+    # prepare scripts load no torch, and are sent it as they import numpy, their slowest import
     run = (f"runpy.run_path({script!r}, run_name='__main__')" if script.endswith(".py") else
            f"runpy.run_module({script!r}, run_name='__main__', alter_sys=True)")
+    heavy = "numpy" if script.endswith("prepare.py") else "torch"
     code = ("import builtins, os, runpy, signal, sys\n"
             "real = builtins.__import__\n"
             "def importing(name, *args, **kwargs):\n"
-            "    if name == 'torch':\n"
+            f"    if name == {heavy!r}:\n"
             "        os.kill(os.getpid(), signal.SIGINT)\n"
             "    return real(name, *args, **kwargs)\n"
             "builtins.__import__ = importing\n"
@@ -1069,7 +1071,7 @@ def test_sample_py_loads_torch_only_once_it_samples():
 
 def test_a_path_given_as_the_dataset_is_named_and_a_stray_meta_json_stops_nothing(data_dir, tmp_path,
                                                                                     monkeypatch, capsys):
-    from gpt.data import ensure_prepared
+    from gpt.datasets import ensure_prepared
     monkeypatch.chdir(tmp_path)                     # data/tiny is prepared here
     assert train.main([*tiny_args(Path("elsewhere"), tmp_path / "o"), "--dataset=data/tiny"]) == 2
     assert capsys.readouterr().err == ("error: dataset='data/tiny' is a name under data_dir, not a path; "
@@ -1085,8 +1087,8 @@ def test_a_path_given_as_the_dataset_is_named_and_a_stray_meta_json_stops_nothin
 
 
 def test_torchrun_on_an_apple_gpu_is_refused_before_it_starts(data_dir, tmp_path, monkeypatch, capsys):
-    from gpt import trainer
-    monkeypatch.setattr(trainer, "resolve_device", lambda name: "mps")
+    from gpt.train import loop
+    monkeypatch.setattr(loop, "resolve_device", lambda name: "mps")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert train.main(tiny_args(data_dir, tmp_path / "o", "--gradient_accumulation_steps=2")) == 2
@@ -1096,8 +1098,8 @@ def test_torchrun_on_an_apple_gpu_is_refused_before_it_starts(data_dir, tmp_path
 
 
 def test_a_default_prompt_the_runs_text_cannot_spell_asks_for_one(tmp_path, capsys):
-    from gpt import inspect
-    from gpt.data import prepare
+    from gpt import figures
+    from gpt.datasets import prepare
     prepare("ab" * 3000, tmp_path / "data" / "ab")       # one line: no newline, no ROMEO
     out = tmp_path / "run"
     assert train.main(tiny_args(tmp_path / "data", out, "--dataset=ab", "--max_iters=2", "--eval_interval=2")) == 0
@@ -1105,7 +1107,7 @@ def test_a_default_prompt_the_runs_text_cannot_spell_asks_for_one(tmp_path, caps
     assert sample.main([f"--out_dir={out}"]) == 2
     assert capsys.readouterr().err == ("error: the default prompt '\\n' has characters that this run's text "
                                        "lacks ('\\n'); give a prompt with --start=TEXT\n")
-    assert inspect.main(["attention", f"--out_dir={out}"]) == 2
+    assert figures.main(["attention", f"--out_dir={out}"]) == 2
     assert capsys.readouterr().err == ("error: the default prompt 'ROMEO: But soft, what light' has characters "
                                        "that this run's text lacks (' ,:BEMORfghilostuw'); give a prompt "
                                        "with --start=TEXT\n")
@@ -1133,7 +1135,7 @@ def test_the_loading_handler_gives_ctrl_c_back_and_never_takes_an_ignored_one():
         signal.signal(signal.SIGINT, before)
 
 
-@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.inspect", "gpt.diagnostics",
+@pytest.mark.parametrize("module", ["gpt.sweep", "gpt.figures", "gpt.diagnostics",
                                     "data/shakespeare_char/prepare.py"])
 def test_a_ctrl_c_in_a_module_command_gets_one_line(module, tmp_path):
     # the Ctrl-C lands once the command runs: in the first file it opens, or its first model
@@ -1143,7 +1145,7 @@ def test_a_ctrl_c_in_a_module_command_gets_one_line(module, tmp_path):
             "builtins.open = io.open = interrupted\n"
             "torch.manual_seed = interrupted\n"
             f"sys.argv = [{module!r}, *{{'gpt.sweep': ['report', {str(tmp_path)!r}], "
-            f"'gpt.inspect': ['run', {str(tmp_path)!r}], 'gpt.diagnostics': ['grad-depth'], "
+            f"'gpt.figures': ['run', {str(tmp_path)!r}], 'gpt.diagnostics': ['grad-depth'], "
             f"'data/shakespeare_char/prepare.py': ['--input', {str(tmp_path / 'sweep.json')!r}, "
             f"'--out_dir', {str(tmp_path / 'out')!r}]}}[{module!r}]]\n"
             + (f"runpy.run_path({module!r}, run_name='__main__')\n" if module.endswith(".py") else
@@ -1211,7 +1213,7 @@ def test_a_run_file_that_cannot_be_written_stops_the_run_in_one_line(name, data_
 
 
 def test_lines_of_another_shape_in_metrics_jsonl_are_skipped(tmp_path):
-    from gpt.trainer import read_jsonl
+    from gpt.train.metrics import read_jsonl
     good = [{"kind": "train", "iter": 1, "loss": 2.5}, {"kind": "eval", "iter": 2, "train_loss": 2.0, "val_loss": 2.1}]
     odd = [{"kind": "eval", "iter": "x"}, {"kind": "train", "iter": None}, {"kind": "eval", "iter": 3},
            {"kind": "eval", "iter": 4, "train_loss": 2.0, "val_loss": None}, {"kind": 1, "iter": 5}, [1, 2]]
@@ -1220,7 +1222,7 @@ def test_lines_of_another_shape_in_metrics_jsonl_are_skipped(tmp_path):
 
 
 def test_metrics_lines_are_strict_json_and_read_back_as_numbers(tmp_path):
-    from gpt.trainer import Metrics, read_jsonl
+    from gpt.train.metrics import Metrics, read_jsonl
     metrics = Metrics(tmp_path / "metrics.jsonl")
     metrics.log({"kind": "eval", "iter": 3, "val_loss": float("nan"), "grad": [1.5, float("inf")],
                  "low": float("-inf")})
@@ -1265,7 +1267,8 @@ def test_a_sweep_never_replaces_a_runs_only_checkpoint(data_dir, tmp_path, capsy
 
 
 def test_a_run_of_ones_own_in_a_sweeps_folder_is_not_told_the_sweep_continues_it(data_dir, tmp_path, monkeypatch):
-    from gpt.trainer import SWEEP_PID, how_to_continue
+    from gpt.train.rundir import how_to_continue
+    from gpt.train.signals import SWEEP_PID
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "n_layer=1")) == 0
     monkeypatch.delenv(SWEEP_PID, raising=False)
@@ -1276,21 +1279,21 @@ def test_a_run_of_ones_own_in_a_sweeps_folder_is_not_told_the_sweep_continues_it
 
 def test_a_kill_while_a_dataset_is_prepared_leaves_no_temporary_files(tmp_path, monkeypatch, capsys):
     """SIGTERM and SIGHUP, like Ctrl-C, end the prepare scripts through their clean-up."""
-    from gpt import data
+    from gpt import datasets
     from gpt.console import interrupt_in_one_line
     src = tmp_path / "a.txt"
     src.write_text(make_text(300))
-    read = data.text_pieces
+    read = datasets.text_pieces
 
     def pieces(path):
         yield from read(path)
         if list((tmp_path / "out").glob("*.tmp*")):     # the second pass, its files begun
             os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(data, "text_pieces", pieces)
+    monkeypatch.setattr(datasets, "text_pieces", pieces)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stop:
         with interrupt_in_one_line(terminate=True):
-            data.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")])
+            datasets.prepare_main("shakespeare_char", ["--input", str(src), "--out_dir", str(tmp_path / "out")])
     assert stop.value.code == 143 and capsys.readouterr().err == "interrupted\n"    # as a shell says it
     assert not (tmp_path / "out").exists()        # the folder it made is gone again
     assert signal.getsignal(signal.SIGTERM) == before
@@ -1339,19 +1342,19 @@ def test_a_fresh_run_keeps_the_evaluations_of_a_run_whose_checkpoints_were_remov
 
 
 def test_a_full_disk_at_the_write_test_leaves_no_probe_file(tmp_path, monkeypatch):
-    from gpt import trainer
+    from gpt.train import rundir
 
     def full(self, *args, **kwargs):        # the file is made, its bytes do not fit
         open(self, "w").close()
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(UserError, match=r"cannot be written \(No space left on device\); choose another --out_dir$"):
-        trainer._writable(tmp_path / "run")
+        rundir.writable(tmp_path / "run")
     assert list((tmp_path / "run").iterdir()) == []
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
-@pytest.mark.parametrize("command", [["train.py", "--resume", "--max_iters=4"], ["-m", "gpt.inspect", "run"]])
+@pytest.mark.parametrize("command", [["train.py", "--resume", "--max_iters=4"], ["-m", "gpt.figures", "run"]])
 def test_a_named_pipe_for_metrics_jsonl_is_refused_not_waited_on(command, data_dir, tmp_path):
     good = _trained(data_dir, tmp_path)
     (good / "metrics.jsonl").unlink()

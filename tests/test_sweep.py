@@ -10,15 +10,15 @@ import pytest
 
 import train
 from conftest import tiny_args
-from gpt import sweep
+from gpt.sweep import grid, plots, report, runner
 from gpt.cli import parse_argv
 from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
 from gpt.errors import UserError
-from gpt.trainer import DIVERGED_EXIT
+from gpt.train.loop import DIVERGED_EXIT
 
 
 def test_grid_expansion_and_run_names(tmp_path):
-    runs = sweep.expand({"residual": [True, False], "norm_placement": ["pre", "post"]}, 2, 10, tmp_path)
+    runs = grid.expand({"residual": [True, False], "norm_placement": ["pre", "post"]}, 2, 10, tmp_path)
     assert [r.folder.name for r in runs] == [
         "residual=true__norm_placement=pre__seed=10", "residual=true__norm_placement=pre__seed=11",
         "residual=true__norm_placement=post__seed=10", "residual=true__norm_placement=post__seed=11",
@@ -26,7 +26,7 @@ def test_grid_expansion_and_run_names(tmp_path):
         "residual=false__norm_placement=post__seed=10", "residual=false__norm_placement=post__seed=11",
     ]
     assert runs[5].setting == {"residual": False, "norm_placement": "pre"} and runs[5].seed == 11
-    assert [r.folder.name for r in sweep.expand({}, 3, 0, tmp_path)] == ["base__seed=0", "base__seed=1",
+    assert [r.folder.name for r in grid.expand({}, 3, 0, tmp_path)] == ["base__seed=0", "base__seed=1",
                                                                          "base__seed=2"]
 
 
@@ -66,7 +66,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert train.main(argv) == 0                             # again: both runs are skipped
     assert "2 runs (2 already finished)" in capsys.readouterr().out
     assert (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns == stamp
-    assert sweep.main(["report", str(out)]) == 0
+    assert report.main(["report", str(out)]) == 0
 
 
 @pytest.mark.parametrize("axis, message", [
@@ -171,23 +171,23 @@ def test_ran_alike_needs_one_way_for_every_run_and_the_same_other_axes():
     way, other = "cpu float32 matmul=highest", "cpu bfloat16 matmul=highest"
     rows = [row("dtype=float32", way, dtype="float32"), row("dtype=fast", way, dtype="fast"),
             row("dtype=bfloat16", other, dtype="bfloat16")]
-    assert sweep.ran_alike(rows, {"dtype": 0}) == [f"dtype=float32 and dtype=fast ({way})"]
+    assert report.ran_alike(rows, {"dtype": 0}) == [f"dtype=float32 and dtype=fast ({way})"]
     rows[1]["ran_as"] = ""              # trained by code older than the record
-    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    assert report.ran_alike(rows, {"dtype": 0}) == []
     rows[1]["ran_as"] = f"{way}; {other}"   # resumed on a machine with bfloat16
-    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    assert report.ran_alike(rows, {"dtype": 0}) == []
     rows[1] = row("dtype=fast", way, dtype="fast")
     rows.append(row("dtype=fast", other, "failed", dtype="fast"))    # a failed run does not count
-    assert len(sweep.ran_alike(rows, {"dtype": 0})) == 1
+    assert len(report.ran_alike(rows, {"dtype": 0})) == 1
     rows.append(row("dtype=fast", other, dtype="fast"))              # a finished one does
-    assert sweep.ran_alike(rows, {"dtype": 0}) == []
+    assert report.ran_alike(rows, {"dtype": 0}) == []
     # apart on another axis, two settings compare different models
     rows = [row(f"dtype={d}__n_layer={n}", way, dtype=d, n_layer=n) for d in ("float32", "fast") for n in (1, 2)]
-    assert sweep.ran_alike(rows, {"dtype": 0, "n_layer": 0}) == [
+    assert report.ran_alike(rows, {"dtype": 0, "n_layer": 0}) == [
         f"dtype=float32__n_layer=1 and dtype=fast__n_layer=1 ({way})",
         f"dtype=float32__n_layer=2 and dtype=fast__n_layer=2 ({way})"]
     rows = [row(f"n_layer={n}", way, n_layer=n) for n in (1, 2)]
-    assert sweep.ran_alike(rows, {"n_layer": 0}) == []
+    assert report.ran_alike(rows, {"n_layer": 0}) == []
 
 
 def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tmp_path, capsys):
@@ -198,7 +198,7 @@ def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tm
     run = out / "residual=true__seed=1338"
     assert train.main([f"--out_dir={run}", "--resume", "--max_iters=4"]) == 0
     capsys.readouterr()
-    sweep.report(out)
+    report.report(out)
     note = ("Runs whose settings differ from the rest of the sweep beyond its axes, averaged in above: "
             "residual=true__seed=1338: max_iters=4 (the others 2).")
     assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
@@ -219,8 +219,8 @@ def test_the_report_names_runs_whose_speed_settings_differ(data_dir, tmp_path, c
     # a speed setting that is an axis is what the sweep compares: not named
     rows = [{"_setting": f"flush_denormal={v}", "seed": 1, "_config": {"flush_denormal": v, "threads": 1}}
             for v in (True, False)]
-    assert sweep.odd_runs(rows, {"flush_denormal": [True, False]}, sweep.SPEED) == []
-    assert sweep.odd_runs(rows, {}, sweep.SPEED) == [
+    assert report.odd_runs(rows, {"flush_denormal": [True, False]}, grid.SPEED) == []
+    assert report.odd_runs(rows, {}, grid.SPEED) == [
         "flush_denormal is split: false in 1 (flush_denormal=False__seed=1), true in 1 (flush_denormal=True__seed=1)"]
 
 
@@ -253,54 +253,54 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
                 "_config": {"lr_schedule": "cosine", "cooldown_frac": 0.2, "max_iters": 10, **config}}
     # cosine never reads cooldown_frac: a continued sweep that gave another is no odd run
     rows = [row("a", 1), row("a", 2, cooldown_frac=0.5), row("a", 3, cooldown_frac=0.5)]
-    assert sweep.odd_runs(rows, {}) == []
+    assert report.odd_runs(rows, {}) == []
     rows = [row("a", 1, lr_schedule="wsd"), row("a", 2, lr_schedule="wsd"),
             row("a", 3, lr_schedule="wsd", cooldown_frac=0.5)]
-    assert sweep.odd_runs(rows, {}) == ["a__seed=3: cooldown_frac=0.5 (the others 0.2)"]
+    assert report.odd_runs(rows, {}) == ["a__seed=3: cooldown_frac=0.5 (the others 0.2)"]
     # a constant schedule reads neither min_lr nor lr_decay_iters; cosine does
     for schedule, odd in (("constant", []), ("cosine", ["a__seed=3: min_lr=0.0 (the others 0.0001)"])):
         rows = [row("a", seed, lr_schedule=schedule, min_lr=1e-4 if seed < 3 else 0.0) for seed in (1, 2, 3)]
-        assert sweep.odd_runs(rows, {}) == odd
+        assert report.odd_runs(rows, {}) == odd
     # two against two: neither is the sweep's, so both are named, in a fixed order
     rows = [row("a", 1), row("a", 2, max_iters=20), row("b", 1), row("b", 2, max_iters=20)]
-    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 2 (a__seed=1, b__seed=1), "
+    assert report.odd_runs(rows, {}) == ["max_iters is split: 10 in 2 (a__seed=1, b__seed=1), "
                                         "20 in 2 (a__seed=2, b__seed=2)"]
     rows = [row("a", s, max_iters=10 if s < 5 else 20) for s in range(1, 9)]     # many: counted only
-    assert sweep.odd_runs(rows, {}) == ["max_iters is split: 10 in 4, 20 in 4"]
+    assert report.odd_runs(rows, {}) == ["max_iters is split: 10 in 4, 20 in 4"]
     # a 0 that stands for another setting's value is that value; with that setting an axis, it varies
     rows = [row("a", 1, batch_size=4, eval_batch_size=0), row("a", 2, batch_size=4, eval_batch_size=0),
             row("a", 3, batch_size=4, eval_batch_size=4)]
-    assert sweep.odd_runs(rows, {}) == []
+    assert report.odd_runs(rows, {}) == []
     rows = [row(f"n_head={h}", 1, n_head=h, n_kv_head=h) for h in (1, 2, 4)]
-    assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
+    assert report.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
     # older code recorded n_kv_head as n_head's value, this code as 0: the same setting
     rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=h if s == 1 else 0) for h in (1, 2, 4) for s in (1, 2)]
-    assert sweep.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
-    assert sweep.odd_runs([row("a", s, n_head=4, n_kv_head=4 if s == 1 else 0) for s in (1, 2, 3)], {}) == []
+    assert report.odd_runs(rows, {"n_head": [1, 2, 4]}) == []
+    assert report.odd_runs([row("a", s, n_head=4, n_kv_head=4 if s == 1 else 0) for s in (1, 2, 3)], {}) == []
     # pinned by a batch_size axis, it is still compared: a run resumed with a smaller one is named
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[3]["_config"]["eval_batch_size"] = 2
-    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == ["batch_size=8__seed=2: eval_batch_size=2 (the others 4)"]
+    assert report.odd_runs(rows, {"batch_size": [4, 8]}) == ["batch_size=8__seed=2: eval_batch_size=2 (the others 4)"]
     # following the axis (0) is the sweep's setting; the one run pinned apart is named
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=0) for b in (8, 16) for s in (1, 2)]
     rows[3]["_config"]["eval_batch_size"] = 8
-    assert sweep.odd_runs(rows, {"batch_size": [8, 16]}) == [
+    assert report.odd_runs(rows, {"batch_size": [8, 16]}) == [
         "batch_size=16__seed=2: eval_batch_size=8 (the others 'as batch_size')"]
     rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=h) for h in (2, 4) for s in (1, 2)]
     rows[3]["_config"]["n_kv_head"] = 2                 # grouped-query attention in one run
-    assert sweep.odd_runs(rows, {"n_head": [2, 4]}) == [
+    assert report.odd_runs(rows, {"n_head": [2, 4]}) == [
         "n_head=4__seed=2: n_kv_head=2 (the others 'as n_head')"]
     # given for every run, a value that equals the axis's in one of them is no odd run
     for kv, heads in ((2, (2, 4, 8)), (1, (1, 2, 4))):
         rows = [row(f"n_head={h}", s, n_head=h, n_kv_head=kv) for h in heads for s in (1, 2)]
-        assert sweep.odd_runs(rows, {"n_head": list(heads)}) == []
+        assert report.odd_runs(rows, {"n_head": list(heads)}) == []
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[0]["_config"]["eval_batch_size"] = 0           # the same windows as the 4 pinned
-    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == []
+    assert report.odd_runs(rows, {"batch_size": [4, 8]}) == []
     # pinned by the sweep, a run resumed by hand at 0 (its own batch size) is the odd one
     rows = [row(f"batch_size={b}", s, batch_size=b, eval_batch_size=4) for b in (4, 8) for s in (1, 2)]
     rows[3]["_config"]["eval_batch_size"] = 0
-    assert sweep.odd_runs(rows, {"batch_size": [4, 8]}) == [
+    assert report.odd_runs(rows, {"batch_size": [4, 8]}) == [
         "batch_size=8__seed=2: eval_batch_size='as batch_size' (the others 4)"]
 
 
@@ -320,16 +320,16 @@ def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path,
     assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
     # never while another process trains the run, and a copy that fails is said, the run kept
     (run / "ckpt_best.pt").unlink()
-    entry = sweep.Run({"residual": True}, 1337, run)
+    entry = grid.Run({"residual": True}, 1337, run)
     with checkpoint.hold_folder(run):
-        assert not sweep._finished_by_checkpoint(entry, 4)
+        assert not grid.finished_by_checkpoint(entry, 4)
     assert not (run / "ckpt_best.pt").exists()
 
     def read_only(*args):
-        raise sweep.UserError(f"cannot save {run / 'ckpt_best.pt'} (Read-only file system)")
+        raise grid.UserError(f"cannot save {run / 'ckpt_best.pt'} (Read-only file system)")
     monkeypatch.setattr(checkpoint, "save_copy", read_only)
     capsys.readouterr()
-    assert not sweep._finished_by_checkpoint(entry, 4)     # its own resume mends it, or says why not
+    assert not grid.finished_by_checkpoint(entry, 4)     # its own resume mends it, or says why not
     assert f"{run.name}: cannot save {run / 'ckpt_best.pt'} (Read-only file system)" in capsys.readouterr().out
     monkeypatch.undo()
     (run / "result.json").unlink()                  # as the sweep leaves a run it did not count
@@ -355,7 +355,7 @@ def test_summary_flags_differences_beyond_seed_noise():
         return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False}
                 for v in vals]
     diverged = [{"_setting": "b", "final_val_loss": 9.0, "status": "diverged", "diverged": True}]
-    summary = sweep.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29]) + diverged
+    summary = report.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29]) + diverged
                               + rows("c", [2.00, 2.03, 1.98]))
     assert summary[1]["runs"] == 4 and summary[1]["diverged"] == 1 and summary[1]["n"] == 3
     assert summary[0]["vs_baseline"] == "baseline"
@@ -367,8 +367,8 @@ def test_summary_flags_differences_beyond_seed_noise():
 def test_t_quantiles_match_the_tables():
     # two-sided 5% critical values of Student's t, from any statistics table
     for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
-        assert sweep.t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
-    assert sweep.t_quantile(0.975, 2.5) == pytest.approx(3.5747, abs=5e-4)    # scipy.stats.t.ppf
+        assert report.t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
+    assert report.t_quantile(0.975, 2.5) == pytest.approx(3.5747, abs=5e-4)    # scipy.stats.t.ppf
 
 
 def test_a_difference_of_two_and_a_half_standard_errors_is_noise_at_three_seeds():
@@ -377,26 +377,26 @@ def test_a_difference_of_two_and_a_half_standard_errors_is_noise_at_three_seeds(
     # in about 7% of identical pairs
     base = {"mean": 2.0, "std": 0.01, "n": 3}
     se = (2 * 0.01 ** 2 / 3) ** 0.5
-    assert sweep.versus(base, {"mean": 2.0 + 2.5 * se, "std": 0.01, "n": 3}).startswith("within noise")
-    assert sweep.versus(base, {"mean": 2.0 - 2.9 * se, "std": 0.01, "n": 3}) == f"better by {2.9 * se:.3f}"
+    assert report.versus(base, {"mean": 2.0 + 2.5 * se, "std": 0.01, "n": 3}).startswith("within noise")
+    assert report.versus(base, {"mean": 2.0 - 2.9 * se, "std": 0.01, "n": 3}) == f"better by {2.9 * se:.3f}"
     # no spread on either side: any difference is real, none is not
     still = {"mean": 3.342, "std": 0.0, "n": 3}
-    assert sweep.versus(still, {"mean": 3.341, "std": 0.0, "n": 3}) == "better by 0.001"
-    assert sweep.versus(still, dict(still)) == "within noise (+0.000)"
+    assert report.versus(still, {"mean": 3.341, "std": 0.0, "n": 3}) == "better by 0.001"
+    assert report.versus(still, dict(still)) == "within noise (+0.000)"
 
 
 def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
-    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert report.main(["report", str(tmp_path)]) == 2
     assert "sweep.json does not exist" in capsys.readouterr().err
     (tmp_path / "sweep.json").write_text("{")     # cut short; the report takes no --out_dir
-    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert report.main(["report", str(tmp_path)]) == 2
     assert re.fullmatch(r"error: .*sweep.json is damaged \(.*\); remove it, and the sweep's command writes it "
                         r"again\n", capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["report", "-h"], ["report", "DIR", "--help"]])
 def test_sweep_help_is_help(argv, capsys):
-    assert sweep.main(argv) == 0
+    assert report.main(argv) == 0
     assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR\n")
 
 
@@ -451,7 +451,7 @@ def test_a_baseline_without_results_is_named_as_the_reason():
     rows = [{"_setting": "a", "final_val_loss": math.nan, "status": "diverged", "diverged": True}]
     rows += [{"_setting": "b", "final_val_loss": v, "status": "finished", "diverged": False}
              for v in (2.0, 2.1)]
-    assert sweep.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
+    assert report.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
 
 
 def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
@@ -490,41 +490,41 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     # a default typed out is no change, nor is a speed setting; a run recorded with a relative
     # data_dir read the repository's
     assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu", "--flush_denormal=true") == 0
-    run = sweep.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
+    run = grid.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
     record = json.loads((run.folder / "config.json").read_text())
     model_cfg = GPTConfig(**record["model"])
     train_cfg = TrainConfig(**{**record["train"], "data_dir": str(REPO_ROOT / "data")})
     record["train"]["data_dir"] = "data"
     (run.folder / "config.json").write_text(json.dumps(record))
-    assert sweep.changed_settings(run, model_cfg, train_cfg) == []
-    assert sweep.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == [f"data_dir={REPO_ROOT / 'data'} in the run, /x now"]
+    assert grid.changed_settings(run, model_cfg, train_cfg) == []
+    assert grid.changed_settings(run, model_cfg, TrainConfig(**{**record["train"], "data_dir": "/x"})) == [f"data_dir={REPO_ROOT / 'data'} in the run, /x now"]
     # a setting the record lacks (a field newer than the run) is the default the run used; where
     # the folder sits is not a setting
     del record["model"]["activation"]
     record["train"]["out_dir"] = "elsewhere"
     (run.folder / "config.json").write_text(json.dumps(record))
-    assert sweep.changed_settings(run, model_cfg, train_cfg) == []
+    assert grid.changed_settings(run, model_cfg, train_cfg) == []
     relu = GPTConfig(**{**record["model"], "activation": "relu"})
-    assert sweep.changed_settings(run, relu, train_cfg) == ["activation=gelu in the run, relu now"]
+    assert grid.changed_settings(run, relu, train_cfg) == ["activation=gelu in the run, relu now"]
     # a replaced field reads as its successor: decay_lr=true was the cosine schedule
     del record["train"]["lr_schedule"]
     for decay_lr, changed in ((True, []), (False, ["lr_schedule=constant in the run, cosine now"])):
         record["train"]["decay_lr"] = decay_lr
         (run.folder / "config.json").write_text(json.dumps(record))
-        assert sweep.changed_settings(run, model_cfg, train_cfg) == changed
+        assert grid.changed_settings(run, model_cfg, train_cfg) == changed
     # cooldown_frac changes nothing but a wsd run
     record["train"]["decay_lr"] = True
     (run.folder / "config.json").write_text(json.dumps(record))
     cooled = dataclasses.replace(train_cfg, cooldown_frac=0.5)
-    assert sweep.changed_settings(run, model_cfg, cooled) == []
-    assert sweep.changed_settings(run, model_cfg, dataclasses.replace(cooled, lr_schedule="wsd")) == [
+    assert grid.changed_settings(run, model_cfg, cooled) == []
+    assert grid.changed_settings(run, model_cfg, dataclasses.replace(cooled, lr_schedule="wsd")) == [
         "lr_schedule=cosine in the run, wsd now", "cooldown_frac=0.2 in the run, 0.5 now"]
     # nor min_lr a constant one
     record["train"].update(decay_lr=False, min_lr=1e-4)
     (run.folder / "config.json").write_text(json.dumps(record))
     flat = dataclasses.replace(train_cfg, lr_schedule="constant", min_lr=1e-5)
-    assert sweep.changed_settings(run, model_cfg, flat) == []
-    assert sweep.changed_settings(run, model_cfg, dataclasses.replace(flat, lr_schedule="linear")) == [
+    assert grid.changed_settings(run, model_cfg, flat) == []
+    assert grid.changed_settings(run, model_cfg, dataclasses.replace(flat, lr_schedule="linear")) == [
         "min_lr=0.0001 in the run, 1e-05 now", "lr_schedule=constant in the run, linear now"]
 
 
@@ -588,7 +588,7 @@ def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_d
     assert not out.exists()
     out.mkdir()     # and by the report, of a sweep.json edited so
     (out / "sweep.json").write_text(json.dumps({"axes": {}, "seeds": 10 ** 9, "base_seed": 0, "command": "x"}))
-    assert sweep.main(["report", str(out)]) == 2
+    assert report.main(["report", str(out)]) == 2
     assert "the sweep would make 1,000,000,000 runs" in capsys.readouterr().err
 
 
@@ -609,8 +609,8 @@ def test_a_file_where_a_run_folder_goes_is_refused(data_dir, tmp_path, capsys, m
             raise OSError(28, "No space left on device")
         return real_mkdir(self, *args, **kwargs)
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    stopped, real_stop = [], sweep._stop
-    monkeypatch.setattr(sweep, "_stop", lambda running, *a: stopped.append(len(running)) or real_stop(running, *a))
+    stopped, real_stop = [], runner._stop
+    monkeypatch.setattr(runner, "_stop", lambda running, *a: stopped.append(len(running)) or real_stop(running, *a))
     # two at once: the first run is under way when the second cannot start; one at a time: it is done
     for jobs, under_way in (("--jobs=2", "; the runs under way were stopped and saved"), ("--jobs=1", "")):
         assert train.main([*argv, jobs]) == 2
@@ -628,7 +628,7 @@ def test_diverged_runs_stay_out_of_the_diagnostics_table_and_nan_out_of_the_best
                 "block_rms": [1.0] * 2, "block_pos_sim": [0.5] * 2, "head_entropy": [[1.0], [1.0]]}
     rows = [{"_setting": "a", "status": "finished", "diverged": False, "_evals": [final(1.0)]},
             {"_setting": "a", "status": "diverged", "diverged": True, "_evals": [final(1e6)]}]
-    assert "| a | 1.00e+00 / 1.00e+00 |" in sweep.diagnostics_table(rows)
+    assert "| a | 1.00e+00 / 1.00e+00 |" in report.diagnostics_table(rows)
     # best val loss of a run whose log holds a nan evaluation (kept with --skip_nonfinite)
     (tmp_path / "sweep.json").write_text(json.dumps({"axes": {"max_iters": [4]}, "seeds": 1,
                                                       "base_seed": 0, "command": "train"}))
@@ -637,7 +637,7 @@ def test_diverged_runs_stay_out_of_the_diagnostics_table_and_nan_out_of_the_best
     evals = [{"kind": "eval", "iter": i, "train_loss": v, "val_loss": v}
              for i, v in ((0, math.nan), (2, 3.0), (4, 2.5))]
     (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
-    assert sweep.collect(tmp_path)[1][0]["best_val_loss"] == 2.5
+    assert report.collect(tmp_path)[1][0]["best_val_loss"] == 2.5
 
 
 def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
@@ -708,7 +708,7 @@ def test_a_sweep_resumes_a_stopped_run_it_started(data_dir, tmp_path, monkeypatc
 
 
 def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():
-    styles = sweep._styles(45)
+    styles = plots._styles(45)
     assert len(set(styles)) == 40                       # 10 hues x 4 line styles, then round again
     assert len({colour for colour, _ in styles[:10]}) == 10
     assert styles[40] == styles[0]
@@ -733,8 +733,8 @@ def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, dat
 
     def ctrl_c(seconds):
         raise KeyboardInterrupt
-    monkeypatch.setattr(sweep.subprocess, "Popen", Ended)
-    monkeypatch.setattr(sweep.time, "sleep", ctrl_c)
+    monkeypatch.setattr(runner.subprocess, "Popen", Ended)
+    monkeypatch.setattr(runner.time, "sleep", ctrl_c)
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1")) == 130
     result = json.loads((out / "n_layer=1__seed=1337" / "result.json").read_text())
@@ -747,7 +747,7 @@ def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_pa
     (out / "sweep.csv").unlink()
     (out / "sweep.csv").mkdir()                 # unwritable even for root, as a read-only copy is
     capsys.readouterr()
-    assert sweep.main(["report", str(out)]) == 2
+    assert report.main(["report", str(out)]) == 2
     captured = capsys.readouterr()
     assert "| n_layer=1 |" in captured.out
     assert captured.err.startswith(f"error: the report cannot be written to {out / 'sweep.csv'} (Is a directory)")
@@ -755,7 +755,7 @@ def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_pa
     (out / "sweep.csv").rmdir()
     (out / "curves.png").unlink()
     (out / "curves.png").mkdir()                # the picture, written by matplotlib, is named too
-    assert sweep.main(["report", str(out)]) == 2
+    assert report.main(["report", str(out)]) == 2
     assert capsys.readouterr().err.startswith(f"error: the report cannot be written to {out / 'curves.png'} (")
 
 
@@ -763,7 +763,7 @@ def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_pa
                                     {"axes": ["n_layer"], "seeds": 1, "base_seed": 1, "command": ""}])
 def test_a_damaged_sweep_description_gets_one_line(record, tmp_path, capsys):
     (tmp_path / "sweep.json").write_text(json.dumps(record))
-    assert sweep.main(["report", str(tmp_path)]) == 2
+    assert report.main(["report", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (f"error: {tmp_path / 'sweep.json'} is not a sweep description; "
                                        "run the sweep again to rewrite it\n")
 
@@ -780,7 +780,7 @@ def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_
             out.mkdir()
         with pytest.raises(UserError, match=r"^a run's folder would be named learning_rate=0.001__.*, 2\d\d bytes, "
                                             r"more than the 255 a file system allows; sweep fewer axes"):
-            sweep.run(parse_argv(argv), [])
+            runner.run(parse_argv(argv), [])
         assert out.exists() == made and not any(out.iterdir() if made else ())
 
 
@@ -825,6 +825,6 @@ def test_the_diagnostics_picture_marks_whole_blocks_only(tmp_path, monkeypatch):
              "block_pos_sim": [0.5, 0.4]}
     rows = [{"_setting": "a", "_short": "a", "_axes": "x", "seed": s, "status": "finished", "diverged": False,
              "_evals": [final]} for s in (1, 2)]
-    sweep.plot_diagnostics(rows, tmp_path / "d.png")
+    plots.plot_diagnostics(rows, tmp_path / "d.png")
     ticks = [t for ax in saved[0].axes for t in ax.get_xticks() if 0 <= t <= 1]
     assert ticks and all(t == int(t) for t in ticks)

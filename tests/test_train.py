@@ -23,8 +23,11 @@ from gpt.cpu import precision as precision_module
 from gpt.cpu.attention import attention
 from gpt.model import GPT
 from gpt.cpu.precision import cpu_rounds_matmuls, matmul_precision
-from gpt import trainer
-from gpt.trainer import check_compile, lr_at, make_optimizer, read_jsonl
+from gpt.train import loop, resume, runtime
+from gpt.train.loop import lr_at
+from gpt.train.metrics import read_jsonl
+from gpt.train.runtime import check_compile
+from gpt.train.setup import make_optimizer
 
 
 def read_metrics(out_dir, kind):
@@ -209,7 +212,7 @@ def test_a_resume_keeps_the_runs_seed(data_dir, tmp_path, capsys):
 
 def test_dropout_masks_differ_between_seeds_and_micro_batches_on_this_device():
     def mask(seed, micro_batch):
-        torch.manual_seed(trainer.dropout_seed(seed, micro_batch))
+        torch.manual_seed(loop.dropout_seed(seed, micro_batch))
         return torch.nn.functional.dropout(torch.ones(64), 0.5)
     assert torch.equal(mask(1337, 7), mask(1337, 7))
     assert not torch.equal(mask(1337, 7), mask(5, 7))      # a CPU generator keeps 32 bits of a seed
@@ -218,8 +221,8 @@ def test_dropout_masks_differ_between_seeds_and_micro_batches_on_this_device():
 
 
 def test_the_training_loop_seeds_each_micro_batchs_dropout_by_its_place(data_dir, tmp_path, monkeypatch):
-    calls, real = [], trainer.dropout_seed
-    monkeypatch.setattr(trainer, "dropout_seed", lambda seed, place: calls.append((seed, place)) or real(seed, place))
+    calls, real = [], loop.dropout_seed
+    monkeypatch.setattr(loop, "dropout_seed", lambda seed, place: calls.append((seed, place)) or real(seed, place))
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2", "--dropout=0.1",
                                 "--gradient_accumulation_steps=2", "--seed=9")) == 0
     assert calls == [(9, 0), (9, 1), (9, 2), (9, 3)]
@@ -228,17 +231,17 @@ def test_the_training_loop_seeds_each_micro_batchs_dropout_by_its_place(data_dir
 def test_the_rng_state_keeps_the_normal_draw_each_generator_holds_back():
     import random
     import numpy as np
-    trainer.seed_everything(3)
+    resume.seed_everything(3)
     random.gauss(0, 1), np.random.standard_normal()     # each now holds its pair's second draw
-    state = trainer.rng_state("cpu")
+    state = resume.rng_state("cpu")
     state = torch.load(_saved(state), weights_only=True)
     ahead = random.gauss(0, 1), np.random.standard_normal(), torch.randn(1).item()
-    trainer.seed_everything(4)
-    trainer.set_rng_state(state, "cpu")
+    resume.seed_everything(4)
+    resume.set_rng_state(state, "cpu")
     assert (random.gauss(0, 1), np.random.standard_normal(), torch.randn(1).item()) == ahead
     # a checkpoint of older code kept no held-back draw: the generators start their next pair
     del state["python_gauss"], state["numpy_gauss"]
-    trainer.set_rng_state(state, "cpu")
+    resume.set_rng_state(state, "cpu")
     assert random.getstate()[2] is None and np.random.get_state()[3] == 0
 
 
@@ -447,7 +450,7 @@ def test_config_json_records_every_way_the_run_ran(data_dir, tmp_path):
 
 
 def test_ran_as_names_cuda_medium_as_high_which_torch_makes_it():
-    from gpt.trainer import ran_as
+    from gpt.train.rundir import ran_as
     torch.set_float32_matmul_precision("medium")
     try:    # what makes the two one way: the same CUDA setting
         medium = torch.backends.cuda.matmul.fp32_precision
@@ -498,7 +501,8 @@ def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
 def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     import threading
     from gpt.cli import parse_argv
-    from gpt.trainer import configs_for_run, train as train_in_python
+    from gpt.train.loop import train as train_in_python
+    from gpt.train.resume import configs_for_run
     out = tmp_path / "my runs" / "run"
     values = parse_argv(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
                                   "--wandb_run_name=a, b")).values
@@ -562,21 +566,21 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
     assert capsys.readouterr().err == ("error: torch.compile failed (InvalidCxxCompiler: No working C++ "
                                        "compiler found); run without --compile, or fix what it names\n")
     with pytest.raises(InductorError):      # not compiling: not torch.compile's, and not hidden
-        with trainer.compile_failure_in_one_line(False):
+        with runtime.compile_failure_in_one_line(False):
             raise InductorError("x")
 
 
 def test_the_memory_check_counts_the_diagnostics_backward_pass_at_each_evaluation(monkeypatch):
-    monkeypatch.setattr(trainer, "device_memory", lambda device: 4 * 2 ** 30)
+    monkeypatch.setattr(runtime, "device_memory", lambda device: 4 * 2 ** 30)
     model_cfg = GPTConfig(vocab_size=65, block_size=256, n_layer=8, n_head=4, n_embd=256)
     # per token, float32: logits and log-softmax 2 * 65, a block's stream 256 and c_fc output 1024
-    trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=False), "cpu")  # 2.4 GiB
+    runtime.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=False), "cpu")  # 2.4 GiB
     with pytest.raises(UserError, match=r"^eval_batch_size=2000 needs at least 19.8 GiB"):
-        trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=True), "cpu")
+        runtime.check_fits(model_cfg, TrainConfig(eval_batch_size=2000, diagnostics=True), "cpu")
     with pytest.raises(UserError, match=r"^batch_size=2000 needs at least 19.8 GiB"):
-        trainer.check_fits(model_cfg, TrainConfig(batch_size=2000, eval_batch_size=1, diagnostics=False), "cpu")
+        runtime.check_fits(model_cfg, TrainConfig(batch_size=2000, eval_batch_size=1, diagnostics=False), "cpu")
     with pytest.raises(UserError, match=r"^eval_batch_size=3500 needs at least 4.3 GiB"):
-        trainer.check_fits(model_cfg, TrainConfig(eval_batch_size=3500, diagnostics=False), "cpu")
+        runtime.check_fits(model_cfg, TrainConfig(eval_batch_size=3500, diagnostics=False), "cpu")
 
 
 def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir, tmp_path):

@@ -8,7 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # run from a plai
 from gpt.console import interrupt_in_one_line, interrupt_quietly_while_loading, output_may_close  # noqa: E402
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
-from gpt.data import prepare_main  # noqa: E402
+from gpt.datasets import prepare_main  # noqa: E402
 
 if __name__ == "__main__":
     with interrupt_in_one_line(terminate=True), output_may_close():     # no half-written files

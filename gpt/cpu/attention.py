@@ -36,7 +36,7 @@ class _ExactAttention(torch.autograd.Function):
                                "retain_graph use matmul_precision=high")
         (inputs, y), ctx.graph = ctx.graph, None    # freed now, not with the loss a step later
         wanted = [t for t in inputs if t.requires_grad]
-        # through a scalar: handing autograd.grad a gradient tensor imports sympy (35 MB, 0.3 s);
+        # through a scalar: handing autograd.grad a gradient tensor imports sympy, slow to load;
         # a backward called under inference_mode hands over a gradient autograd may not save
         with torch.inference_mode(False), torch.enable_grad(), exact_cpu_matmuls():
             grad_y = grad_y.clone() if grad_y.is_inference() else grad_y

@@ -1,8 +1,8 @@
 """CPU training steps whose micro-batch is split by rows between threads (`thread_split`).
 
 torch runs each op of a step on all its threads, which meet at the end of every op; on the small
-models a CPU trains, a step is a few hundred short ops, and 2 threads ran the CPU recipe's forward
-and backward only 1.6x as fast as one. Here each thread takes its own rows of the micro-batch
+models a CPU trains, a step is a few hundred short ops, and the threads spend much of it waiting
+for each other (docs/performance.md). Here each thread takes its own rows of the micro-batch
 through the whole forward and backward on one core, and the threads meet once, when their
 gradients are added. The gradients are the batch's, summed in a fixed order, so a run is as
 repeatable as before; they differ from an unsplit step's in rounding alone.
@@ -24,9 +24,9 @@ from ..config import GPTConfig, TrainConfig
 from ..errors import UserError
 from .precision import torch_level
 
-# Each part's Python code holds the interpreter lock while it calls its ops (about 0.8 ms of a
-# forward of the CPU recipe), so parts queue for it as they grow in number; the split was measured
-# on 2 cores alone, so auto splits only up to this many threads.
+# Each part's Python code holds the interpreter lock while it calls its ops, so parts queue for it
+# as they grow in number; the split was measured on 2 cores alone, so auto splits only up to this
+# many threads.
 AUTO_MAX_THREADS = 4
 
 
@@ -75,7 +75,7 @@ class RowSplit:
                                        initializer=_one_core, initargs=(flush_denormal,))
         # The rest of a step (clipping, the optimizer) on this thread's one core too: a thread
         # that runs parallel ops keeps its helper threads spinning a while after each, on the
-        # cores the parts need, which made steps slower than unsplit ones (40.1 against 37.2 ms)
+        # cores the parts need, which made steps slower than unsplit ones
         torch.set_num_threads(1)
 
     @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """Pictures of a trained model and of a run.
 
-    python -m gpt.inspect attention --out_dir=DIR --start="ROMEO: ..."   # DIR/attention.png
-    python -m gpt.inspect run DIR                                         # DIR/dashboard.png
+    python -m gpt.figures attention --out_dir=DIR --start="ROMEO: ..."   # DIR/attention.png
+    python -m gpt.figures run DIR                                         # DIR/dashboard.png
 
 `attention` draws every head of every layer for a prompt, with its characters on the axes.
 `run` draws one page from metrics.jsonl: losses against the unigram level, the learning rate, and
@@ -17,11 +17,14 @@ interrupt_quietly_while_loading(__name__)      # before torch loads
 import sys
 from pathlib import Path
 
+import torch
+
 from . import checkpoint
 from .config import user_path
 from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close
-from .trainer import read_jsonl
+from .tokenizers import encode_prompt, read_prompt
+from .train.metrics import read_jsonl
 
 DEFAULT_PROMPT = "ROMEO: But soft, what light"
 
@@ -34,9 +37,6 @@ def pyplot():
 
 
 def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
-    import torch
-
-    from .data import encode_prompt, read_prompt
     model, tok = checkpoint.load_for_sampling(out_dir)
     ids = encode_prompt(tok, read_prompt(prompt), default=prompt == DEFAULT_PROMPT)
     block = model.config.block_size
@@ -161,7 +161,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m gpt.inspect")
+    parser = Parser(prog="python -m gpt.figures")
     sub = parser.add_subparsers(dest="command", required=True)
     att = sub.add_parser("attention", help="attention maps of a checkpoint for a prompt")
     run = sub.add_parser("run", help="one-page dashboard of a run's metrics")

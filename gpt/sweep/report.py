@@ -1,0 +1,304 @@
+"""A sweep's report: the runs' results collected, compared over seeds, and written as tables and figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from .. import checkpoint
+from ..cli import shown
+from ..config import TrainConfig, read_by, user_path
+from ..errors import UserError
+from ..train.rundir import listed_in
+from .grid import (DONE, NOT_COMPARED, RUN_RECORD, SPEED, as_text, by_setting, counted, evals_of, expand,
+                   read_json, setting_label)
+from .plots import plot, plot_diagnostics
+
+
+def collect(out_dir: Path) -> tuple[dict, list[dict]]:
+    """The sweep's description and one row per run folder."""
+    path = Path(out_dir) / "sweep.json"
+    if not path.exists():
+        raise UserError(f"{path} does not exist; is {out_dir} a sweep folder?")
+    sweep = read_json(path)
+    if not ({"axes", "seeds", "base_seed", "command"} <= sweep.keys() and isinstance(sweep["axes"], dict)
+            and all(isinstance(v, list) for v in sweep["axes"].values())
+            and all(type(sweep[k]) is int for k in ("seeds", "base_seed"))):
+        raise UserError(f"{path} is not a sweep description; run the sweep again to rewrite it")
+    rows = []
+    for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
+        evals = evals_of(r.folder)
+        config_path = r.folder / "config.json"
+        record = read_json(config_path, RUN_RECORD) if config_path.exists() else {}
+        result_path = r.folder / "result.json"
+        result = read_json(result_path) if result_path.exists() else {}
+        final = evals[-1] if evals else {}
+        speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
+        val = final.get("val_loss", math.nan)
+        row = {**{k: as_text(v) for k, v in r.setting.items()}, "seed": r.seed,
+               "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val,
+               "best_val_loss": min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])),
+                                    default=math.nan),
+               "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
+               "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
+               "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
+               "status": result.get("status", "not run"),
+               "code": " ".join(listed_in(record)) or "unknown",
+               "ran_as": "; ".join(listed_in(record, "ran_as")),
+               "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
+                           for k, v in record[section].items()},       # the run's settings, in one table
+               "_setting": setting_label(r.setting), "_evals": evals, "_folder": r.folder,
+               "_short": ", ".join(as_text(v) for v in r.setting.values()) or "base",
+               "_axes": ", ".join(r.setting) or "setting"}
+        rows.append(row)
+    return sweep, rows
+
+
+# settings whose 0 stands for another's value, as the run resolves it
+STANDS_FOR = {"n_kv_head": "n_head", "eval_batch_size": "batch_size"}
+
+
+def odd_runs(rows: list[dict], axes, names: tuple[str, ...] | None = None) -> list[str]:
+    """Runs whose settings, beyond the axes and the seed, differ from those most runs of the sweep
+    have: one resumed by hand with more steps, say. The tables would average two experiments.
+    `names`: look at these settings alone (SPEED's, which the tables leave aside)."""
+    skip = {*axes, "seed", "data_dir", *NOT_COMPARED}
+
+    def readings(config: dict, name: str) -> set[str]:
+        """What the run's value may mean, as text: a setting whose 0 stands for another's value
+        may follow that setting."""
+        v = config[name]
+        if name not in STANDS_FOR:
+            return {json.dumps(v)}
+        source = config.get(STANDS_FOR[name])
+        # runs of older code recorded n_kv_head resolved, as n_head's value
+        follows = v == 0 or (name == "n_kv_head" and v == source)
+        if not follows:
+            return {json.dumps(v)}
+        if STANDS_FOR[name] in axes:    # across that axis, following it is one same setting
+            return {json.dumps(f"as {STANDS_FOR[name]}"), json.dumps(source)}
+        return {json.dumps(source)}
+    def follows(option: str) -> bool:
+        return option.startswith('"as ')
+
+    def shown_as(options: set[str]) -> str:     # one reading per run: following, if it may
+        return min(options, key=lambda o: (not follows(o), o))
+    odd, split = {}, []
+    for name in (sorted({k for r in rows for k in r["_config"]} - skip) if names is None
+                 else [n for n in names if n not in axes]):
+        have = [r for r in rows if name in r["_config"]
+                and read_by(r["_config"].get("lr_schedule", TrainConfig.lr_schedule), name)]
+        read = [readings(r["_config"], name) for r in have]
+        counts = {}
+        for options in read:
+            for option in options:
+                counts[option] = counts.get(option, 0) + 1
+        if not counts or max(counts.values()) == len(have):
+            continue
+        # most runs first; on a tie, following the axis (the default) before a value given
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], not follows(kv[0]), kv[0]))
+        (usual, most), (_, next_most) = ranked[:2]
+        if most == next_most and not follows(usual):
+            runs = {}
+            for r, options in zip(have, read):
+                runs.setdefault(shown_as(options), []).append(f"{r['_setting']}__seed={r['seed']}")
+            split.append(f"{name} is split: " + ", ".join(    # a few runs named, so one can look
+                f"{shown(json.loads(v))} in {len(names)}" + (f" ({', '.join(names)})" if len(names) <= 3 else "")
+                for v, names in sorted(runs.items())))
+            continue
+        for r, options in zip(have, read):
+            if usual not in options:
+                mine = shown_as(options)
+                odd.setdefault(f"{r['_setting']}__seed={r['seed']}", []).append(
+                    f"{name}={shown(json.loads(mine))} (the others {shown(json.loads(usual))})")
+    return [f"{run}: {', '.join(diffs)}" for run, diffs in odd.items()] + split
+
+
+# settings a run resolves on its machine (`auto`, `fast`; `high` is exact on a CPU)
+RESOLVED = ("device", "dtype", "matmul_precision")
+
+
+def ran_alike(rows: list[dict], axes) -> list[str]:
+    """Settings that differ only on RESOLVED axes and whose runs all ran the same way: a sweep over
+    dtype=float32,fast on a CPU without bfloat16 compares float32 with float32."""
+    alike = {}
+    for label, group in by_setting(rows).items():
+        ways = {r["ran_as"] for r in group if r["status"] in DONE}
+        # one way for all its runs; a run resumed on another machine lists two, older runs none
+        if len(ways) == 1 and (way := ways.pop()) and "; " not in way:
+            rest = tuple(group[0][name] for name in axes if name not in RESOLVED)
+            alike.setdefault((rest, way), []).append(label)
+    return [f"{' and '.join(labels)} ({way})" for (_, way), labels in alike.items() if len(labels) > 1]
+
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The p quantile (p >= 0.5) of Student's t distribution with df >= 1 degrees of freedom,
+    fractional ones included (Welch's test makes them): bisection on its CDF, the density
+    integrated by Simpson's rule, which is exact to about 1e-9 here and needs no SciPy."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float, steps: int = 2000) -> float:
+        h = x / steps
+        density = [math.exp(log_norm - (df + 1) / 2 * math.log1p((i * h) ** 2 / df))
+                   for i in range(steps + 1)]
+        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2])
+                              + 2 * sum(density[2:-1:2]))
+
+    low, high = 0.0, 1.0
+    while cdf(high) < p:
+        low, high = high, 2 * high
+    for _ in range(50):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def versus(base: dict, s: dict) -> str:
+    """A setting's mean final loss against the baseline's: better or worse when Welch's t-test
+    (unequal variances, two-sided, 5%) finds a difference, else within noise. Each comparison
+    alone is at 5%: of ten settings no better than the baseline, one may still be flagged."""
+    diff = s["mean"] - base["mean"]
+    a, b = s["std"] ** 2 / s["n"], base["std"] ** 2 / base["n"]
+    if a + b == 0:      # no spread at all: any difference is beyond it
+        real = diff != 0
+    else:               # Welch-Satterthwaite degrees of freedom
+        df = (a + b) ** 2 / (a ** 2 / (s["n"] - 1) + b ** 2 / (base["n"] - 1))
+        real = abs(diff) > t_quantile(0.975, df) * math.sqrt(a + b)
+    return f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}" if real else f"within noise ({diff:+.3f})"
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per setting: final val loss mean and std over seeds, and how it compares with the
+    first setting (the baseline)."""
+    out = []
+    for label, group in by_setting(rows).items():
+        ran = [r for r in group if r["status"] in DONE]
+        finite = [r["final_val_loss"] for r in counted(group) if math.isfinite(r["final_val_loss"])]
+        out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
+                    "failed": sum(r["status"] == "failed" for r in group),
+                    "mean": statistics.fmean(finite) if finite else math.nan,
+                    "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
+                    "n": len(finite)})
+    base = out[0] if out else None
+    for s in out:
+        if s is base:
+            s["vs_baseline"] = "baseline"
+        elif not s["n"]:
+            s["vs_baseline"] = "no result"
+        elif not base["n"]:
+            s["vs_baseline"] = "baseline has no result"
+        elif s["n"] < 2 or base["n"] < 2:
+            s["vs_baseline"] = "needs 2+ seeds"
+        else:
+            s["vs_baseline"] = versus(base, s)
+    return out
+
+
+def summary_table(summary: list[dict]) -> str:
+    lines = ["| setting | runs | final val loss (mean ± std) | diverged | vs baseline |",
+             "|---|---|---|---|---|"]
+    for s in summary:
+        std = f" ± {s['std']:.3f}" if math.isfinite(s["std"]) else ""
+        mean = f"{s['mean']:.3f}{std}" if math.isfinite(s["mean"]) else "—"
+        runs = f"{s['runs']} ({s['failed']} failed)" if s["failed"] else str(s["runs"])
+        lines.append(f"| {s['setting']} | {runs} | {mean} | {s['diverged']} | {s['vs_baseline']} |")
+    return "\n".join(lines)
+
+
+def diagnostics_table(rows: list[dict]) -> str:
+    """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
+    settings = {label: [r["_evals"][-1] for r in counted(group)
+                        if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
+                for label, group in by_setting(rows).items()}
+    settings = {label: finals for label, finals in settings.items() if finals}
+    lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
+             "| position similarity last | head entropy (mean, nats) |", "|---|---|---|---|---|---|"]
+    for label, finals in settings.items():
+        def mean(key, block):
+            values = [f[key][block] for f in finals if key in f]
+            return statistics.fmean(values) if values else math.nan
+        entropy = statistics.fmean(h for f in finals for layer in f["head_entropy"] for h in layer)
+        def fmt(value, spec):
+            return format(value, spec) if math.isfinite(value) else "—"
+        lines.append(f"| {label} | {fmt(mean('block_grad_norm', 0), '.2e')} / "
+                     f"{fmt(mean('block_grad_norm', -1), '.2e')} | {fmt(mean('block_update_ratio', 0), '.1e')}"
+                     f" / {fmt(mean('block_update_ratio', -1), '.1e')} | {fmt(mean('block_rms', -1), '.2f')} "
+                     f"| {fmt(mean('block_pos_sim', -1), '.2f')} | {entropy:.2f} |")
+    return "\n".join(lines) if settings else ""
+
+
+
+
+def report(out_dir: Path) -> str:
+    """Write sweep.csv, summary.md, curves.png and diagnostics.png into out_dir; print and
+    return the summary table."""
+    out_dir = Path(out_dir)
+    sweep, rows = collect(out_dir)
+    columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
+               "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
+    table = summary_table(summarize(rows))
+    odd = odd_runs(rows, sweep["axes"])
+    if odd:
+        table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
+                  "in above: " + "; ".join(odd) + ".")
+    slower = odd_runs(rows, sweep["axes"], SPEED)
+    if slower:
+        table += ("\n\nRuns that ran with other speed settings than the rest, so their tokens/s in "
+                  "sweep.csv does not compare alike: " + "; ".join(slower) + ".")
+    alike = ran_alike(rows, sweep["axes"])
+    if alike:
+        table += ("\n\nSettings whose runs all ran the same way (sweep.csv's ran_as), so what tells "
+                  "them apart is noise: " + "; ".join(alike) + ".")
+    failed = [f"{r['_folder'].name}/log.txt" for r in rows if r["status"] == "failed"]
+    if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
+        table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "
+                  f"log.txt, and the sweep's command tries them again): " + ", ".join(failed) + ".")
+    older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
+    if older:
+        table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "
+                  f"the present ({checkpoint.code_version()}): see the code column of sweep.csv.")
+    try:
+        with open(out_dir / "sweep.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        (out_dir / "summary.md").write_text(
+            f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
+            "Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided, 5%) over the "
+            "seeds finds the means differ; with one seed there is no noise estimate. Each setting is "
+            "tested alone: of ten settings no better than the baseline, one may still be flagged.\n\n"
+            f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
+        plot(rows, out_dir / "curves.png")
+        plot_diagnostics(rows, out_dir / "diagnostics.png")
+    except OSError as e:    # a read-only copy, a full disk: the table is still worth printing
+        print(table)
+        where = e.filename or out_dir     # matplotlib's own errors may not name the file
+        raise UserError(f"the report cannot be written to {where} ({e.strerror or e}); the table "
+                        "is above") from None
+    print(table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m gpt.sweep report DIR"
+    if {"-h", "--help"} & set(argv):
+        print(f"{usage}\n\nWrites DIR/sweep.csv, summary.md, curves.png and diagnostics.png for the sweep "
+              "in DIR.\nSweeps run with: python train.py --config NAME --sweep name=v1,v2 ...")
+        return 0
+    if len(argv) != 2 or argv[0] != "report":
+        print(usage, file=sys.stderr)
+        return 2
+    try:
+        report(Path(user_path(argv[1], "DIR")))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+

@@ -1,0 +1,187 @@
+"""Running a sweep's runs as local `python train.py` processes, --jobs at a time, and stopping them together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import checkpoint
+from ..config import REPO_ROOT, SweepConfig, TrainConfig, build
+from ..console import Terminated
+from ..datasets import ensure_prepared
+from ..errors import UserError
+from ..train.loop import DIVERGED_EXIT
+from ..train.rundir import listed_in, run_record, write_json
+from ..train.signals import SWEEP_PID, catch_signals
+from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
+                   read_json, run_command, run_threads)
+from .report import report
+
+
+def run(args, argv: list[str]) -> int:
+    """Run the grid described by parsed args (axes in args.sweep), then write the report."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # each rank would run the whole grid
+        raise UserError("a sweep runs its own processes; start it with python train.py, not "
+                        "torchrun (use --jobs=N to run N at once)")
+    values = dict(args.values)
+    for name in ("out_dir", "data_dir"):    # else the sweep would fill the current folder
+        if name in values and not values[name].strip():
+            raise UserError(f"{name} is empty; give a folder name")
+    sweep_cfg = build(SweepConfig, values)
+    # absolute, because each run's process starts in the repository root
+    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
+    values["out_dir"] = str(out_dir)
+    values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
+    base_seed = values.get("seed", TrainConfig.seed)
+    if base_seed + sweep_cfg.seeds > 2 ** 32:
+        raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "
+                        f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower seed")
+    held = checkpoint.saved_in(out_dir)
+    if held:    # the run could no longer be resumed once it is a sweep's folder
+        raise UserError(f"out_dir={str(out_dir)!r} holds a run ({' and '.join(held)}); its sweep "
+                        "folders would mix with it; choose another --out_dir")
+    record = read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
+    axes = args.sweep
+    if record and isinstance(record.get("axes"), dict) and set(record["axes"]) == set(axes):
+        axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
+    if "batch_size" in axes and "eval_batch_size" not in {*values, *axes}:
+        # else each batch size would be scored on its own windows, and the evaluation would differ
+        # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
+        # sweep's first choice stays, so that the axis may gain a value in front
+        old_axes = (record or {}).get("axes")
+        old_axis = old_axes.get("batch_size") if isinstance(old_axes, dict) else None
+        pinned = (record["eval_batch_size"] if record and "eval_batch_size" in record
+                  else old_axis[0] if isinstance(old_axis, list) and old_axis else None)    # older records
+        values["eval_batch_size"] = (pinned if type(pinned) is int and pinned >= 0
+                                     else axes["batch_size"][0])
+        if values["eval_batch_size"]:
+            print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
+                  f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
+                  "batch_size)")
+    runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
+    run_cfgs = check_grid(values, runs, run_threads(sweep_cfg.jobs))
+    ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
+    for r, (model_cfg, train_cfg), end in zip(runs, run_cfgs, ended):
+        kept = end or (r.folder / "ckpt.pt").exists()   # else it starts afresh, keeping nothing
+        changed = changed_settings(r, model_cfg, train_cfg) if kept else []
+        if changed:
+            raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
+                            f"{'; '.join(changed)}); use another --out_dir, or the same settings "
+                            "to continue it")
+    older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
+             and listed_in(run_record(r.folder / "config.json")) != [checkpoint.code_version()]]
+    if older:
+        print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
+              "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
+              "marks them; delete a run's folder to train it again")
+    for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
+        ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
+    with checkpoint.hold_folder(out_dir):
+        write_json(out_dir / "sweep.json",
+                   {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
+                    "command": " ".join(["python", "train.py", *argv]),
+                    **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {})})
+        return _run_grid(values, sweep_cfg.jobs, runs, run_cfgs, ended, out_dir)
+
+
+def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bool], out_dir: Path) -> int:
+    todo = []                                        # failed runs are tried again
+    for r, (_, cfg), end in zip(runs, run_cfgs, ended):
+        if end:
+            continue
+        if finished_by_checkpoint(r, cfg.max_iters):
+            write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": None})
+        else:
+            todo.append(r)
+    print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
+          f"{jobs} at a time, in {out_dir}")
+    threads = run_threads(jobs)
+    running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
+    done = len(runs) - len(todo)
+    # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
+    previous = catch_signals(_interrupt)
+    env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                r = todo.pop(0)
+                try:
+                    r.folder.mkdir(parents=True, exist_ok=True)
+                    (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
+                    log = open(r.folder / "log.txt", "a")
+                except OSError as e:    # a full disk, a file put where the folder goes meanwhile
+                    stopped = "; the runs under way were stopped and saved" if running else ""
+                    _stop(running, done, len(runs))
+                    raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}){stopped}: fix "
+                                    "it, and run the same command again to continue") from None
+                # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
+                # run once, so that it saves its checkpoint
+                proc = subprocess.Popen(run_command(values, r, threads), stdout=log,
+                                        stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                        start_new_session=True, env=env)
+                running[proc] = (r, time.time(), log)
+                print(f"[{done}/{len(runs)} done] started {r.folder.name} "
+                      f"({len(running)} running, {len(todo)} waiting)", flush=True)
+            time.sleep(0.2)
+            for proc in [p for p in running if p.poll() is not None]:
+                done += 1
+                _record(running.pop(proc), proc.returncode, done, len(runs))
+    except KeyboardInterrupt as stop:
+        _stop(running, done, len(runs))
+        print("sweep interrupted; run the same command again to continue", file=sys.stderr)
+        return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    report(out_dir)
+    failed = [r for r in runs if not _done(r.folder)]
+    if failed:
+        print(f"{len(failed)} of {len(runs)} runs failed (see log.txt in their folders, e.g. "
+              f"{failed[0].folder / 'log.txt'}); run the same command again to retry them",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stop(running: dict, done: int, total: int) -> None:
+    for proc in running:
+        proc.terminate()          # each run saves a checkpoint; the next start resumes it
+    for proc, entry in running.items():
+        code = proc.wait()
+        if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
+            _record(entry, code, done, total)
+
+
+def _interrupt(signum, frame):
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
+def _done(folder: Path) -> bool:
+    """Finished or diverged: a failed run (a crash, a bad grid point) is worth another try."""
+    path = folder / "result.json"
+    return path.exists() and read_json(path).get("status") in DONE
+
+
+def _record(entry, returncode: int, done: int, total: int) -> None:
+    run, started, log = entry
+    log.close()
+    status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
+    result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
+    write_json(run.folder / "result.json", result)
+    final = final_eval(run.folder)
+    val = f"val {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
+    where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
+    print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
+          flush=True)
+
+

@@ -1,0 +1,296 @@
+"""The training loop: AdamW under warmup then decay, accumulation, clipping, evaluation and checkpoints.
+
+One optimizer step draws all of its micro-batches at once from a seeded generator, and each
+micro-batch's dropout is seeded from its place in the run, so a step is the same whether it runs
+in one process or is split over several (DDP), and the same after a resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import checkpoint
+from ..config import GPTConfig, TrainConfig
+from ..cpu.split import split_plan
+from ..diagnostics import measure as measure_diagnostics
+from ..errors import UserError
+from ..optim import clip_grad_norm
+from .evaluate import mean_losses
+from .resume import NOT_SAVED, rng_state
+from .rundir import how_to_continue
+from .runtime import (check_compile, check_threads, compile_failure_in_one_line, join_processes,
+                      out_of_memory_in_one_line, process_place, resolve_device)
+from .setup import Run, setup, tokens_per_step
+from .signals import StopRequest, end_with_the_sweep
+
+
+class Diverged(UserError):
+    """The loss or the gradient became nan or inf."""
+
+
+DIVERGED_EXIT = 3       # train.py's exit status for Diverged, so a sweep can tell it from a failure
+
+
+def lr_at(it: int, cfg: TrainConfig) -> float:
+    """Linear warmup over the first warmup_iters steps (step i uses (i + 1) / warmup_iters of
+    learning_rate), then lr_schedule's way down to min_lr at lr_decay_iters, then min_lr."""
+    if it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / cfg.warmup_iters
+    if cfg.lr_schedule == "constant":
+        return cfg.learning_rate
+    if it >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)    # config: > 0
+    if cfg.lr_schedule == "cosine":
+        share = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif cfg.lr_schedule == "linear":
+        share = 1.0 - progress
+    else:       # wsd: flat at learning_rate until the cooldown, then linear down to min_lr
+        share = min(1.0, (1.0 - progress) / cfg.cooldown_frac)
+    return cfg.min_lr + share * (cfg.learning_rate - cfg.min_lr)
+
+
+def dropout_seed(seed: int, micro_batch: int) -> int:
+    """The seed of a micro-batch's dropout masks: the run's seed and the micro-batch's place mixed
+    into 64 bits, each bit depending on both, since a CPU's generator keeps only the low 32 bits
+    (`seed << 32 | place` gave every seed the same masks)."""
+    return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1, np.uint64)[0])
+
+
+def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
+    """Train one model; returns a summary of the run (also in out_dir/metrics.jsonl)."""
+    end_with_the_sweep()
+    rank, world = process_place()
+    if cfg.gradient_accumulation_steps % world:
+        raise UserError(f"gradient_accumulation_steps={cfg.gradient_accumulation_steps} must be a "
+                        f"multiple of the {world} processes")
+    device = resolve_device(cfg.device)
+    check_threads(cfg)
+    check_compile(cfg, device)
+    plan = split_plan(model_cfg, cfg, device, world, cfg.threads or torch.get_num_threads())
+    device = join_processes(device, rank, world)
+    try:
+        with (out_of_memory_in_one_line(), compile_failure_in_one_line(cfg.compile),
+              contextlib.ExitStack() as holds):
+            run = setup(model_cfg, cfg, argv, device, rank, world, plan, holds)     # makes out_dir
+            summary = Loop(run).fit() if isinstance(run, Run) else run
+        if world > 1:   # leave together: none tears down its connections while rank 0 still saves
+            torch.distributed.barrier()
+        return summary
+    finally:
+        if world > 1:
+            torch.distributed.destroy_process_group()
+
+
+class Loop:
+    """fit() and the steps, evaluations and saves it is made of, over one Run."""
+
+    def __init__(self, run: Run):
+        self.run, self.cfg = run, run.cfg
+        self.stop = StopRequest()
+        self.summary = {"stopped_by": None}
+        self.tokens_per_iter = tokens_per_step(run.model_cfg, run.cfg)
+        self.tokens_since, self.skipped = 0, 0      # tokens trained since the last evaluation
+        self.t_start = self.tick = self.step_end = time.perf_counter()
+        self.bar = tqdm(total=run.cfg.max_iters, initial=run.at.start_iter, disable=not run.master or None,
+                        dynamic_ncols=True, desc=run.out_dir.name)
+
+    def fit(self) -> dict:
+        """Evaluate every eval_interval steps (and at the end), step until max_iters or a stop."""
+        run, cfg = self.run, self.cfg
+        with self.stop, contextlib.closing(self.bar):
+            it = run.at.start_iter
+            while True:
+                lr = lr_at(it, cfg)
+                for group in run.optimizer.param_groups:    # before evaluating: diagnostics read it
+                    group["lr"] = lr
+                if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
+                    if not self.evaluate(it, lr):
+                        self.stop_at(it)
+                        break
+                if it >= cfg.max_iters:
+                    break
+                loss, grad_norm, stopping = self.step(it)
+                self.log_step(it, lr, loss, grad_norm)
+                it += 1
+                if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
+                    self.stop_at(it)
+                    break
+        self.summary.update(iters=it, best_val_loss=run.at.best_val, skipped_steps=self.skipped,
+                            wall_s=time.perf_counter() - self.t_start)
+        if run.master and not self.summary["stopped_by"]:
+            self.say_done(it)
+        return self.summary
+
+    def step(self, it: int) -> tuple[float, float, bool]:
+        """One optimizer step over gradient_accumulation_steps micro-batches: (mean loss, gradient
+        norm before clipping, whether a stop was asked for). A non-finite one is skipped or ends
+        the run."""
+        run, cfg = self.run, self.cfg
+        local_steps = cfg.gradient_accumulation_steps // run.world
+        xs, ys = run.batches.draw("train", cfg.gradient_accumulation_steps)
+        mine = slice(run.rank * local_steps, (run.rank + 1) * local_steps)
+        xs, ys = xs[mine], ys[mine]                       # (local_steps, B, T)
+        loss_sum = torch.zeros((), device=run.device)
+        for micro in range(local_steps):
+            if run.world > 1:   # one gradient all-reduce per step, not one per micro-step
+                run.model.require_backward_grad_sync = micro == local_steps - 1
+            if run.model_cfg.dropout:   # its masks follow the micro-batch's place in the run
+                torch.manual_seed(dropout_seed(cfg.seed, it * cfg.gradient_accumulation_steps
+                                               + run.rank * local_steps + micro))
+            if run.split:
+                loss = run.split.backward(xs[micro], ys[micro], 1 / local_steps)
+            else:
+                with run.autocast:
+                    _, loss = run.model(xs[micro], ys[micro])
+                (loss / local_steps).backward()
+            loss_sum += loss.detach()
+        stopping = self.stop.signal is not None
+        if run.world > 1:   # the stop flag rides along, so every rank stops after the same step
+            flags = torch.stack([loss_sum, torch.tensor(float(stopping), device=run.device)])
+            torch.distributed.all_reduce(flags)
+            loss_sum, stopping = flags[0] / run.world, flags[1].item() > 0
+        loss_value = loss_sum.item() / local_steps
+        grad_norm = clip_grad_norm(run.params, cfg.grad_clip or float("inf"))
+        if math.isfinite(loss_value) and math.isfinite(grad_norm):
+            run.optimizer.step()
+            self.tokens_since += self.tokens_per_iter
+        else:
+            if run.master:
+                run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
+                                 "loss": str(loss_value), "grad_norm": str(grad_norm)})
+            if not cfg.skip_nonfinite:
+                raise self.diverged(f"loss became {loss_value} (gradient norm {grad_norm})", it)
+            self.skipped += 1
+        run.optimizer.zero_grad(set_to_none=True)
+        return loss_value, grad_norm, stopping
+
+    def log_step(self, it: int, lr: float, loss: float, grad_norm: float) -> None:
+        # a step's time runs from the previous step's end: logging and the bar count too
+        step_ms, self.step_end = 1000 * (time.perf_counter() - self.step_end), time.perf_counter()
+        if self.run.master and it % self.cfg.log_interval == 0:
+            self.run.metrics.log({"kind": "train", "iter": it, "loss": loss, "lr": lr,
+                                  "grad_norm": grad_norm, "ms": step_ms})
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.1e}",
+                             tok_s=f"{self.tokens_per_iter / step_ms * 1000:,.0f}", refresh=False)
+        self.bar.update(1)
+
+    def evaluate(self, it: int, lr: float) -> bool:
+        """Score both splits, log them with the diagnostics, and save (ckpt_best.pt too when val
+        improved); False when a stop signal came meanwhile: an evaluation can take minutes, and it
+        runs again on resuming."""
+        run, cfg, at = self.run, self.cfg, self.run.at
+        since_tick = time.perf_counter() - self.tick
+        # under DDP the ranks finish it together; the last one, which no resume would repeat, always
+        stoppable = it < cfg.max_iters and run.world == 1
+        with self.all_threads():
+            losses = mean_losses(run.raw_model, run.batches, ("train", "val"), cfg.eval_iters, run.eval_batch,
+                                 run.autocast, lambda: stoppable and self.stop.signal is not None)
+        if losses is None:
+            return False
+        row = {"kind": "eval", "iter": it, **losses, "lr": lr,
+               "tokens_per_sec": self.tokens_since / since_tick if self.tokens_since else 0.0,
+               "elapsed_s": self.elapsed(), "unigram_loss": run.unigram}
+        if cfg.diagnostics:
+            x, y = run.batches.evenly_spaced("val", 1, run.eval_batch)
+            with self.all_threads():
+                row.update(measure_diagnostics(run.raw_model, x[0], y[0], run.optimizer))
+        at.last_eval = it
+        finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+        if run.world > 1:   # all ranks must take the same branch, or the next all-reduce hangs
+            flag = torch.tensor(float(finite), device=run.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+            finite = flag.item() > 0
+        if run.master:
+            run.metrics.log(row)
+            speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet
+            self.bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
+                           f"(unigram level {run.unigram:.2f}), lr {lr:.2e}{speed}")
+            sys.stdout.flush()      # now, not at exit, when the output is piped (| tee)
+        if not finite:      # weights gone bad: saving them would replace the last good ones
+            if run.master:
+                run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite evaluation"})
+            if not cfg.skip_nonfinite:
+                raise self.diverged(f"the evaluation loss became {row['val_loss']}", it)
+        elif run.master:
+            improved = row["val_loss"] < at.best_val
+            if improved:
+                at.best_val, at.best_iter = row["val_loss"], it
+            if it > 0:          # an untrained model is not worth a file
+                self.save(it, best=improved)
+        self.summary.update(row)
+        self.tick, self.tokens_since = time.perf_counter(), 0
+        self.step_end = self.tick             # step times leave evaluation out
+        return True
+
+    def all_threads(self):
+        """For evaluations of a run whose steps split rows between threads: every thread at once."""
+        return self.run.split.all_threads() if self.run.split else contextlib.nullcontext()
+
+    def elapsed(self) -> float:
+        """Seconds of training so far, earlier runs of a resumed one included."""
+        return self.run.at.elapsed_before + time.perf_counter() - self.t_start
+
+    def save(self, it: int, best: bool = False) -> None:
+        """ckpt.pt at iteration it, first, so that a run whose disk fills can still be resumed;
+        with best, ckpt_best.pt becomes a copy of it. A second Ctrl-C waits for both."""
+        run, at, out_dir = self.run, self.run.at, self.run.out_dir
+        with self.stop.hold():
+            try:
+                checkpoint.save({
+                    "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                    "model_config": dataclasses.asdict(run.model_cfg), "train_config": dataclasses.asdict(self.cfg),
+                    "meta": run.meta, "iter": it, "best_val_loss": at.best_val, "best_iter": at.best_iter,
+                    "last_eval_iter": at.last_eval,
+                    "rng": rng_state(run.device), "batch_rng": run.batches.state(), "elapsed_s": self.elapsed(),
+                }, out_dir / "ckpt.pt")
+                at.last_saved = it
+                if best:
+                    checkpoint.save_copy(out_dir / "ckpt.pt", out_dir / "ckpt_best.pt")
+            except UserError as e:      # a full disk: room made, the run goes on from ckpt.pt
+                with contextlib.suppress(UserError):    # so the same command may start afresh
+                    run.metrics.log({"kind": "event", "iter": it, "event": NOT_SAVED})
+                more = f"; once it can be written, {how_to_continue(out_dir)}" if at.last_saved is not None else ""
+                raise UserError(f"{e}{more}") from None
+
+    def diverged(self, what: str, it: int) -> Diverged:
+        last_saved, out_dir = self.run.at.last_saved, self.run.out_dir
+        kept = ("no checkpoint had been saved yet" if last_saved is None else
+                f"{out_dir / 'ckpt.pt'} keeps the last good state (iteration {last_saved})")
+        return Diverged(f"{what} at iteration {it}; stopped, and {kept}. Lower --learning_rate, "
+                        "or pass --skip_nonfinite=true to skip such steps")
+
+    def stop_at(self, it: int) -> None:
+        """End the run at iteration it on a stop signal, saving the steps made since the last save."""
+        run, out_dir = self.run, self.run.out_dir
+        signal_name = self.stop.signal or "a signal to another process"
+        if run.master:
+            if it > run.at.start_iter:
+                self.save(it)
+                done = f"saved {out_dir / 'ckpt.pt'} at iteration {it}; {how_to_continue(out_dir)}"
+            elif self.cfg.resume:
+                done = f"{out_dir / 'ckpt.pt'} still holds iteration {it}; {how_to_continue(out_dir)}"
+            else:
+                done = "stopped in the first evaluation, before any step; nothing was saved"
+            run.metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
+            self.bar.write(f"{signal_name}: {done}")
+        self.summary["stopped_by"] = signal_name
+
+    def say_done(self, it: int) -> None:
+        at = self.run.at
+        notes = [f"{self.skipped} non-finite step{'s' * (self.skipped > 1)} skipped"
+                 f"{' since resuming' if self.cfg.resume else ''}"] if self.skipped else []
+        if at.last_saved != it:        # --skip_nonfinite kept going past a non-finite evaluation
+            notes.append(f"ckpt.pt holds iteration {at.last_saved}: the evaluations after it were not finite"
+                         if at.last_saved is not None else
+                         "no evaluation after the first was finite, so nothing was saved")
+        saved = f", best val loss {at.best_val:.4f}; checkpoints in {self.run.out_dir}" if at.last_saved is not None else ""
+        print(f"done: {it} iteration{'s' * (it != 1)}{saved}" + "".join(f"; {note}" for note in notes))

@@ -1,0 +1,101 @@
+"""metrics.jsonl, one JSON object per line, and its mirror in Weights & Biases."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..console import NONFINITE, to_json
+from ..errors import UserError, first_line
+from .rundir import append_line, how_to_continue, not_a_pipe, write_atomic
+
+
+def json_line(row: dict) -> str:
+    return to_json(row) + "\n"
+
+
+def _numbers(value):
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return float(value) if isinstance(value, str) and value in NONFINITE else value
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl, non-finite numbers as floats again; a line cut short by a
+    kill is skipped."""
+    rows = []
+    not_a_pipe(Path(path))
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise UserError(f"cannot read {path} ({e.strerror})") from None
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        # a line edited by hand into another shape is skipped like a cut one
+        if isinstance(row, dict) and isinstance(row.get("kind"), str) and type(row.get("iter")) is int:
+            row = {key: _numbers(value) for key, value in row.items()}
+            if row["kind"] != "eval" or type(row.get("val_loss")) in (int, float):
+                rows.append(row)
+    return rows
+
+
+def flatten(row: dict) -> dict:
+    """Numbers only, lists spread out: {"block_rms": [a, b]} -> {"block_rms/0": a, "block_rms/1": b}."""
+    flat = {}
+    for key, value in row.items():
+        if isinstance(value, list):
+            flat.update(flatten({f"{key}/{i}": v for i, v in enumerate(value)}))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[key] = value
+    return flat
+
+
+class Metrics:
+    """metrics.jsonl, one JSON object per line, mirrored to wandb when asked."""
+
+    def __init__(self, path: Path, wandb_run=None):
+        self.path, self.wandb = path, wandb_run
+
+    def trim(self, last_iter: int) -> None:
+        """Drop lines a killed run wrote after its checkpoint, so a resume does not repeat them."""
+        if not self.path.exists():
+            return
+        def per_step(row):      # logged with the index of the step, not the count of steps done
+            return row["kind"] == "train" or row.get("event") == "nonfinite"
+        keep = [row for row in read_jsonl(self.path)
+                if row["iter"] <= (last_iter - 1 if per_step(row) else last_iter)]
+        write_atomic(self.path, "".join(json_line(row) for row in keep))
+
+    def log(self, row: dict) -> None:
+        try:
+            append_line(self.path, json_line(row))
+        except UserError as e:      # the checkpoints already saved are whole
+            folder = self.path.parent
+            kept = (f"ckpt.pt is whole: once the file can be written, {how_to_continue(folder)}"
+                    if (folder / "ckpt.pt").exists() else "no checkpoint had been saved yet")
+            raise UserError(f"{e}; the run stopped, and {kept}") from None
+        if self.wandb is not None:
+            try:
+                self.wandb.log(flatten(row), step=row["iter"])
+            except Exception as e:   # a logging service must never stop training
+                print(f"warning: wandb logging failed ({e}); continuing without it", file=sys.stderr)
+                self.wandb = None
+
+
+def start_wandb(cfg: TrainConfig, config: dict):
+    if not cfg.wandb:
+        return None
+    try:
+        import wandb
+        return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+                          config=config, dir=cfg.out_dir)
+    except Exception as e:
+        print(f"warning: wandb could not start ({first_line(e)}); "
+              "training goes on without it", file=sys.stderr)
+        return None
+

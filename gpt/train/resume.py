@@ -1,0 +1,220 @@
+"""Starting a run in its folder: afresh, replacing an earlier run only where allowed, or exactly where ckpt.pt left it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import checkpoint
+from ..cli import shown
+from ..config import GPTConfig, TrainConfig, build
+from ..errors import UserError
+from .metrics import read_jsonl
+from .rundir import run_record
+
+
+def rng_state(device: str) -> dict:
+    """Every random stream, as tensors and lists (loadable with weights_only). All processes of a
+    DDP run are seeded alike and draw alike, so rank 0's state stands for every rank's."""
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    cuda = torch.device(device).type == "cuda"
+    # the gauss entries: each generator keeps the second of a pair of normal draws for the next call
+    return {"torch": torch.get_rng_state(), "python": list(py_state[1]), "python_gauss": py_state[2],
+            "numpy": torch.from_numpy(np_state[1].astype(np.int64)), "numpy_pos": int(np_state[2]),
+            "numpy_gauss": [int(np_state[3]), float(np_state[4])],
+            "cuda": torch.cuda.get_rng_state(device) if cuda else None}
+
+
+def set_rng_state(state: dict, device: str) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((3, tuple(state["python"]), state.get("python_gauss")))     # older: none kept
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"],
+                         *state.get("numpy_gauss", [0, 0.0])))
+    if state["cuda"] is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
+    """Typed configs from parsed values. A resume starts from the checkpoint's own configs,
+    so `--resume --out_dir=DIR` alone continues a run; given values still apply on top."""
+    base_model, base_train = None, None
+    # only the merged config is checked: a value given is valid against the run's own settings
+    if values.get("resume", TrainConfig.resume):
+        path = Path(values.get("out_dir", TrainConfig.out_dir)) / "ckpt.pt"
+        if not path.exists():
+            if checkpoint.is_sweep(path.parent):
+                raise UserError(f"--resume: {path.parent} is a sweep; run the sweep's own command "
+                                "again, without --resume, to continue its runs")
+            if path.parent.is_dir():
+                with checkpoint.hold_folder(path.parent):   # a run not yet at its first checkpoint
+                    pass
+            best = path.with_name("ckpt_best.pt")
+            hint = f" ({best.name} is: copy it to {path.name} to continue from it)" if best.exists() else ""
+            raise UserError(f"--resume: nothing to resume, {path} does not exist{hint}")
+        ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
+        base_model, base_train = ckpt["model_config"], ckpt["train_config"]
+        if isinstance(base_train, dict):    # how that run was started is not how this one is
+            base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite")}
+            base_train.setdefault("thread_split", "ops")    # saved before the split: go on as it ran
+    return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
+
+
+NOT_SAVED = "checkpoint not saved"      # the event a failed save logs
+
+
+def _check_replaceable(out_dir: Path, theirs: list[str]) -> None:
+    """Refuse a fresh run where it would replace what is not a run of this project (another
+    program's config.json, say), or the evaluations of a run whose checkpoints were removed."""
+    ours = {"model", "train"} <= run_record(out_dir / "config.json").keys()
+    if (out_dir / "config.json").exists() and not ours:
+        raise UserError(f"{out_dir} holds a config.json that no run of this project wrote; replace it "
+                        "with --overwrite=true, or choose another --out_dir")
+    if theirs and not ours:
+        raise UserError(f"{out_dir} holds {', '.join(theirs)} but no run of this project (no "
+                        "config.json); remove them, replace them with --overwrite=true, or choose "
+                        "another --out_dir")
+    rows = read_jsonl(out_dir / "metrics.jsonl") if "metrics.jsonl" in theirs else []
+    unsaved = {r["iter"] for r in rows if r.get("event") == NOT_SAVED}
+    # each finite evaluation past 0 saved a checkpoint, unless its save failed and said so
+    saved = [r["iter"] for r in rows if r["kind"] == "eval" and r["iter"] > 0 and r["iter"] not in unsaved
+             and math.isfinite(r["val_loss"]) and math.isfinite(r.get("train_loss", 0.0))]
+    if saved:
+        raise UserError(f"{out_dir} holds an earlier run's metrics.jsonl, evaluated up to iteration "
+                        f"{max(saved)}, but not its checkpoints; replace the run with --overwrite=true, "
+                        "or choose another --out_dir")
+
+
+def check_resume(ckpt: dict, model_cfg: GPTConfig, meta: dict) -> None:
+    saved = ckpt.get("meta", {})
+    if (saved.get("tokenizer"), saved.get("chars")) != (meta.get("tokenizer"), meta.get("chars")):
+        raise UserError(f"cannot resume: the dataset's vocabulary ({meta.get('vocab_size')} tokens) "
+                        f"differs from the checkpoint's ({saved.get('vocab_size')} tokens)")
+    now = dataclasses.asdict(model_cfg)
+    then = dataclasses.asdict(checkpoint.model_config(ckpt))    # fields newer than it at their defaults
+    diffs = [f"{k}={shown(then[k])} in the checkpoint but {shown(now[k])} now"
+             for k in now if k != "dropout" and then[k] != now[k]]
+    if diffs:
+        raise UserError("cannot resume with a different model: " + "; ".join(diffs) + ". Leave "
+                        "those options out to continue the run, or train the new model in another "
+                        "--out_dir")
+
+
+def rescore(model: torch.nn.Module, val_loss: Callable[[torch.nn.Module], float], out_dir: Path,
+            start_iter: int, best_iter: int | None, windows_before: int, windows_now: int) -> tuple[float, int]:
+    """On resuming with other evaluation windows: (best val loss, its iteration) on the new ones,
+    from the state resumed (ckpt.pt) and ckpt_best.pt, so that the best checkpoint is chosen on
+    one text; ckpt_best.pt becomes a copy of ckpt.pt if that scores better."""
+    scores = {start_iter: val_loss(model)}
+    best_path = out_dir / "ckpt_best.pt"
+    if best_iter != start_iter and best_path.exists():  # there is none when iteration 0 was best
+        other = copy.deepcopy(model)    # not a new model: building one draws random numbers
+        try:    # mapped: its weights alone reach the device, not its optimizer state
+            saved = checkpoint.load(best_path, mmap=True, needs=(*checkpoint.MODEL_KEYS, "iter"))
+            checkpoint.load_weights(other, saved)
+            scores[saved["iter"]] = val_loss(other)
+        except UserError:
+            pass    # a damaged copy, or another model's: ckpt.pt's state replaces it
+        del other
+    said = ", ".join(f"iteration {it} {loss:.4f}" for it, loss in sorted(scores.items()))
+    note = (f"note: evaluations now score {windows_now} windows, before {windows_before}, "
+            f"so the val losses before and after compare other text; on the new ones {said}")
+    finite = {it: loss for it, loss in scores.items() if math.isfinite(loss)}
+    if not finite:      # ckpt_best.pt stays; any finite evaluation will replace it
+        print(f"{note}: no score is finite, so the next finite evaluation becomes ckpt_best.pt", flush=True)
+        return float("inf"), best_iter
+    best = min(finite, key=finite.get)
+    if best == start_iter and start_iter != best_iter:
+        checkpoint.save_copy(out_dir / "ckpt.pt", best_path)
+    print(f"{note}: ckpt_best.pt holds iteration {best}, and later evaluations must beat "
+          f"{finite[best]:.4f}", flush=True)
+    return finite[best], best
+
+
+
+# what a fresh run removes of an earlier run in its folder, so that nothing stale mixes in
+EARLIER_RUN = ("metrics.jsonl", "command.txt", "ckpt.pt", "ckpt_best.pt", "ckpt.pt.tmp", "ckpt_best.pt.tmp",
+               "config.json.tmp", "metrics.jsonl.tmp", "dashboard.png", "attention.png")
+
+
+def start_afresh(out_dir: Path, cfg: TrainConfig) -> None:
+    """Clear out_dir of an earlier run's files, where that run may be replaced."""
+    old = [p for p in (out_dir / name for name in EARLIER_RUN) if p.exists()]
+    theirs = [p.name for p in old if not p.name.endswith(".tmp")]
+    if not cfg.overwrite:
+        _check_replaceable(out_dir, theirs)
+    for path in old:
+        try:
+            path.unlink()
+        except OSError as e:    # a folder of that name, or no permission
+            raise UserError(f"{path} cannot be replaced ({e.strerror}); remove it, or choose "
+                            "another --out_dir") from None
+    if any(p.name.startswith("ckpt") for p in old):
+        print(f"starting afresh in {out_dir}: removed the earlier run's checkpoints", flush=True)
+
+
+@dataclasses.dataclass
+class Position:
+    """Where a run stands: its next iteration, its best evaluation, and its saves."""
+    start_iter: int = 0
+    best_val: float = float("inf")
+    best_iter: int | None = None
+    last_eval: int = -1             # the iteration last evaluated
+    last_saved: int | None = None   # the iteration ckpt.pt holds
+    elapsed_before: float = 0.0     # seconds trained before this start
+    mended: int | None = None       # the iteration copied to ckpt_best.pt, which did not hold it
+
+
+def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: TrainConfig, meta: dict,
+            device: str, master: bool, world: int) -> Position:
+    """Load ckpt.pt's weights, optimizer, random streams and position into this run."""
+    out_dir = Path(cfg.out_dir)
+    check_resume(ckpt, model_cfg, meta)
+    if (seed := ckpt["train_config"].get("seed", cfg.seed)) != cfg.seed:
+        raise UserError(f"cannot resume with seed={cfg.seed}: the run's batches and dropout follow "
+                        f"its seed={seed}; leave --seed out to continue it, or train with the new "
+                        "seed in another --out_dir")
+    checkpoint.load_weights(model, ckpt)
+    with checkpoint.damaged_part(out_dir / "ckpt.pt", "optimizer state"):
+        optimizer.load_state_dict(ckpt["optimizer"])
+    at = Position(start_iter=ckpt["iter"], best_val=ckpt["best_val_loss"], last_eval=ckpt["last_eval_iter"],
+                  last_saved=ckpt["iter"], best_iter=ckpt.get("best_iter"))
+    at.elapsed_before = ckpt.get("elapsed_s")
+    if at.elapsed_before is None:      # a checkpoint of an older version: its log has the time
+        metrics_path = out_dir / "metrics.jsonl"
+        logged = [r["elapsed_s"] for r in read_jsonl(metrics_path) if r["kind"] == "eval"
+                  and r["iter"] <= at.start_iter and "elapsed_s" in r] if metrics_path.exists() else []
+        at.elapsed_before = logged[-1] if logged else 0.0
+    with checkpoint.damaged_part(out_dir / "ckpt.pt", "random states"):
+        set_rng_state(ckpt["rng"], device)
+        batches.set_state(ckpt["batch_rng"])
+    at.mended = checkpoint.make_best_good(out_dir, ckpt) if master else None
+    if at.mended is not None:
+        print(f"ckpt_best.pt did not hold the best iteration, {at.mended}: copied it from ckpt.pt",
+              flush=True)
+    if world > 1:   # every rank must end the same way
+        flag = torch.tensor(float(at.mended is not None), device=device)
+        torch.distributed.broadcast(flag, 0)
+        at.mended = at.start_iter if flag.item() > 0 else None
+    return at
+
+
+def windows_scored(train_config: dict) -> int:
+    """How many windows an evaluation of a run with this saved training config scores: they depend
+    on their number alone (Batches.evenly_spaced)."""
+    return train_config.get("eval_iters", TrainConfig.eval_iters) * (
+        train_config.get("eval_batch_size") or train_config.get("batch_size", TrainConfig.batch_size))

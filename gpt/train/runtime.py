@@ -1,0 +1,205 @@
+"""Where a run computes: the device, the autocast dtype, the memory it needs, and torchrun's environment."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+
+import torch
+
+from ..config import GPTConfig, TrainConfig
+from ..cpu.precision import cpu_computes_bfloat16, torch_level
+from ..errors import UserError, first_line
+
+
+def device_memory(device: str) -> int | None:
+    """Bytes of memory the device has: the GPU's, or the whole machine's; None where unknown."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):     # Windows has no sysconf
+        return None
+
+
+def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
+    """Refuse a run that cannot fit in the device's whole memory, which would hang in swap, be
+    killed or fail deep inside numpy: the weights, gradients and AdamW moments (16 bytes a
+    parameter in float32), or a batch's float32 activations that must be held at once: its logits
+    and their log-softmax, or a block's residual stream and c_fc output; for a backward pass (a
+    training step's, and the diagnostics' at each evaluation) the logits and every block's."""
+    total = device_memory(device)
+    if total is None:
+        return
+    n = model_cfg.num_params()
+    if 16 * n > total:
+        raise UserError(f"the model has {n:,} parameters: training needs at least {16 * n / 2**30:,.1f} "
+                        f"GiB for its weights, gradients and optimizer state, more than the "
+                        f"{total / 2**30:,.1f} GiB here; lower n_layer, n_embd, mlp_ratio or (for learned "
+                        "positions) block_size")
+    logits = 2 * model_cfg.vocab_size
+    block = model_cfg.n_embd + model_cfg.mlp_hidden * (2 if model_cfg.gated else 1)
+    for name, per_token, fix in (   # an evaluation keeps no block's output, but its diagnostics do
+            ("batch_size", logits + model_cfg.n_layer * block,
+             "; raising gradient_accumulation_steps keeps the batch per step"),
+            ("eval_batch_size", logits + model_cfg.n_layer * block if cfg.diagnostics else max(logits, block), "")):
+        need = getattr(cfg, name) * model_cfg.block_size * 4 * per_token
+        if need > total:
+            raise UserError(f"{name}={getattr(cfg, name)} needs at least {need / 2**30:,.1f} GiB for one "
+                            f"batch's activations, more than the {total / 2**30:,.1f} GiB here; lower "
+                            f"it{fix}")
+
+
+TRAINING_FIX = ("lower batch_size (raising gradient_accumulation_steps keeps the batch per step), "
+                "eval_iters or eval_batch_size, which --resume may change, or block_size or the "
+                "model's size in a new run; checkpoints already saved are whole")
+
+
+@contextlib.contextmanager
+def out_of_memory_in_one_line(fix: str = TRAINING_FIX):
+    """A failed allocation (numpy's, the CPU allocator's or CUDA's) becomes a UserError that
+    says fix."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:       # torch.OutOfMemoryError is a RuntimeError
+        text = str(e)
+        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text):
+            raise
+        raise UserError(out_of_memory_message(text, fix)) from None
+
+
+@contextlib.contextmanager
+def compile_failure_in_one_line(compiling: bool):
+    """torch.compile's own failures (no C++ compiler, an unsupported op) become a UserError: they
+    surface in the first step, as pages of compiler output."""
+    try:
+        yield
+    except Exception as e:
+        if not compiling or not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            raise
+        raise UserError(f"torch.compile failed ({first_line(e)}); run without --compile, or fix what it "
+                        "names") from None
+
+
+def out_of_memory_message(text: str, fix: str = TRAINING_FIX) -> str:
+    found = re.search(r"allocate (\d+(?:\.\d*)?) ?(bytes|[KMGT]iB)", text, re.IGNORECASE)
+    size = ""
+    if found:
+        scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
+        size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
+    return f"out of memory{size}; {fix}"
+
+
+def env_int(name: str, default: int, least: int = 0) -> int:
+    """A count torchrun puts in the environment (RANK, WORLD_SIZE, ...); a stray or mistyped one
+    stops the run with one line."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        fix = "unset it to run one process" if name in ("RANK", "WORLD_SIZE") else "start the run with torchrun"
+        raise UserError(f"{name}={text!r} in the environment is not a whole number of at least {least}; "
+                        f"torchrun sets it: {fix}")
+    return value
+
+
+def launcher(world: int) -> list[str]:
+    """How this run was started, for command.txt: python, or torchrun with its process counts."""
+    if world == 1:
+        return ["python"]
+    local = env_int("LOCAL_WORLD_SIZE", world, least=1)
+    nodes = [f"--nnodes={world // local}"] if world != local else []
+    return ["torchrun", *nodes, f"--nproc_per_node={local}"]
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device={name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise UserError(f"device={name!r}: the CPU is one device; use --device=cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name!r} but CUDA is not available here; use --device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"device={name!r} but there are {torch.cuda.device_count()} GPUs here "
+                        f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device={name!r} but MPS is not available here; use --device=cpu")
+    return "cpu" if device.type == "cpu" else name      # torch.load cannot map to "cpu:0"
+
+
+def autocast_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
+    if cfg.dtype in ("auto", "fast"):
+        # bfloat16 where the GPU computes it (Ampere on); older ones only emulate it, slowly
+        if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
+            return torch.bfloat16
+        # a CPU without bfloat16 dot products only emulates them, many times slower than float32
+        if cfg.dtype == "fast" and torch.device(device).type == "cpu" and cpu_computes_bfloat16():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def check_threads(cfg: TrainConfig) -> None:
+    """Here, not in the config: a run saved on a bigger machine still loads, and says what to do."""
+    cpus = os.cpu_count() or 1
+    if cfg.threads > cpus:      # far past it, torch cannot start the threads and crashes
+        raise UserError(f"threads={cfg.threads} is more than the {cpus} CPUs here; give at most "
+                        f"--threads={cpus}, or --threads=0 for torch's default")
+
+
+def check_compile(cfg: TrainConfig, device: str | None = None) -> None:
+    """Refuse compile with medium on a CPU that rounds, in float32 or bfloat16 (whose attention is
+    float32 too); device is resolved from cfg if not given."""
+    if (cfg.compile and torch_level(cfg.matmul_precision, "cpu") == "medium"
+            and (device or resolve_device(cfg.device)) == "cpu"):
+        raise UserError("compile=true with matmul_precision=medium made CPU steps 2x slower (55 against "
+                        "25 ms on the CPU recipe), since compiled attention cannot keep its matmuls "
+                        "exact; use one of the two")
+
+
+
+def process_place() -> tuple[int, int]:
+    """(rank, world): this process's place among those torchrun started, (0, 1) without it."""
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank, world = (env_int("RANK", 0), env_int("WORLD_SIZE", 1, least=1)) if launched else (0, 1)
+    if rank >= world:
+        raise UserError(f"RANK={rank} in the environment is not below WORLD_SIZE={world}; torchrun sets "
+                        "both: unset them to run one process")
+    return rank, world
+
+
+def join_processes(device: str, rank: int, world: int) -> str:
+    """Connect this process to the others of a torchrun (none for one process) and make its GPU the
+    current one; returns the device it trains on."""
+    if world > 1 and device.startswith("mps"):  # gloo, the only backend there, cannot reduce MPS tensors
+        raise UserError("torchrun on an Apple GPU (mps) is not supported; run one process, or pass "
+                        "--device=cpu")
+    if world > 1:
+        local_rank = env_int("LOCAL_RANK", 0)
+        try:
+            torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+        except (ValueError, RuntimeError) as e:     # RANK and WORLD_SIZE left over, without torchrun
+            raise UserError(f"RANK={rank} and WORLD_SIZE={world} in the environment make this one of {world} "
+                            f"processes, but they could not connect ({first_line(e)}); start the run with "
+                            "torchrun, or unset RANK and WORLD_SIZE to run one process") from None
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"
+            torch.cuda.set_device(device)
+    elif device.startswith("cuda:"):    # the run's GPU is the current one: no context on GPU 0
+        torch.cuda.set_device(device)
+    return device
