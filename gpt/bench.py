@@ -32,13 +32,13 @@ import torch
 
 from .cli import help_text, parse_argv
 from .config import GPTConfig, TrainConfig, build, check_types, opt
-from .errors import UserError
 from .console import interrupt_in_one_line, output_may_close, to_json
-from .model import GPT
 from .cpu.precision import matmul_precision
+from .cpu.split import split_plan
 from .data import load_meta
 from .diagnostics import measure
-from .cpu.split import split_plan
+from .errors import UserError
+from .model import GPT
 from .train.loop import train
 from .train.metrics import read_jsonl
 from .train.runtime import autocast_dtype, resolve_device

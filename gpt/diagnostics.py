@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from .config import GPTConfig, check_seed
-from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
+from .cpu.optim import AdamW
+from .errors import UserError
 from .model import GPT
-from .optim import AdamW
 from .train.runtime import device_memory, out_of_memory_in_one_line
 
 

@@ -21,8 +21,8 @@ import torch
 
 from . import checkpoint
 from .config import user_path
-from .errors import UserError
 from .console import Parser, interrupt_in_one_line, output_may_close
+from .errors import UserError
 from .tokenizers import encode_prompt, read_prompt
 from .train.metrics import read_jsonl
 

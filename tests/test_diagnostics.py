@@ -13,7 +13,7 @@ from gpt.config import GPTConfig
 from gpt.diagnostics import (attention_entropy, grad_depth, main as diagnostics_main, measure,
                              position_similarity, unigram_loss, update_ratios, whole_split_loss)
 from gpt.model import GPT
-from gpt.optim import AdamW
+from gpt.cpu.optim import AdamW
 
 
 def test_identical_positions_have_similarity_one_and_orthogonal_zero():

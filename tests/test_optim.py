@@ -9,7 +9,7 @@ from conftest import ROOT, tiny_args
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.optim import AdamW, clip_grad_norm
+from gpt.cpu.optim import AdamW, clip_grad_norm
 from gpt.train.setup import make_optimizer
 
 

@@ -1,9 +1,10 @@
-"""Speed code for CPUs only, kept out of the model and the loop a reader studies.
+"""Speed code, for CPUs above all, kept out of the model and the loop a reader studies.
 
 The model reaches it through three names: `attention` (SDPA, kept in float32 and exact on a
 CPU), `exact_matmuls` (a block of exact float32 matmuls) and `lay_out_weights`; the training
-loop through precision.py (matmul_precision), split.py (thread_split) and memory.py (the
-allocator). docs/performance.md gives the figures behind each choice.
+run's setup through precision.py (matmul_precision), split.py (thread_split), memory.py (the
+allocator) and optim.py (AdamW without torch.optim's start-up, which short CPU runs feel).
+docs/performance.md gives the figures behind each choice.
 """
 
 from .attention import attention

@@ -19,10 +19,10 @@ from tqdm import tqdm
 
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
+from ..cpu.optim import clip_grad_norm
 from ..cpu.split import split_plan
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError
-from ..optim import clip_grad_norm
 from .evaluate import mean_losses
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
@@ -81,7 +81,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
         with (out_of_memory_in_one_line(), compile_failure_in_one_line(cfg.compile),
               contextlib.ExitStack() as holds):
             run = setup(model_cfg, cfg, argv, device, rank, world, plan, holds)     # makes out_dir
-            summary = Loop(run).fit() if isinstance(run, Run) else run
+            summary = Loop(run).fit() if isinstance(run, Run) else run      # else it had already ended
         if world > 1:   # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()
         return summary

@@ -13,6 +13,7 @@ import torch
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
 from ..cpu.memory import keep_freed_memory
+from ..cpu.optim import AdamW
 from ..cpu.precision import matmul_precision, torch_level
 from ..cpu.split import RowSplit
 from ..data import Batches, load_meta
@@ -20,7 +21,6 @@ from ..datasets import ensure_prepared
 from ..diagnostics import unigram_loss
 from ..errors import UserError
 from ..model import GPT
-from ..optim import AdamW
 from . import resume, rundir
 from .evaluate import mean_losses
 from .metrics import Metrics, start_wandb

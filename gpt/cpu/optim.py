@@ -1,8 +1,8 @@
-"""AdamW (Loshchilov & Hutter, 2019) on torch's fused multi-tensor kernel.
+"""AdamW (Loshchilov & Hutter, 2019) on torch's fused kernel, without torch.optim's start-up; and clipping.
 
-torch.optim.AdamW(fused=True) runs the same kernel, but building any torch.optim optimizer
-imports torch._dynamo: 1.7 s and 57 MB of start-up on a 2-core CPU, more than the optimizer
-itself costs in a one-minute run. This class keeps what training needs: parameter groups with
+torch.optim.AdamW(fused=True) runs the same kernel, to the same losses and step times, but
+building any torch.optim optimizer imports torch._dynamo, which a short CPU run pays for in
+start-up time and memory (docs/performance.md). This class keeps what training needs: parameter groups with
 their own weight decay, a learning rate set before each step, and state_dict / load_state_dict
 in torch.optim's layout, so state saved from torch.optim.AdamW loads here. Hyperparameters are
 not read from saved state: the run's config is their one source.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class AdamW:

@@ -1,0 +1,101 @@
+"""Time gpt.optim.AdamW against torch.optim.AdamW(fused=True), alternating in one run.
+
+    python benchmarks/optimizer.py --config NAME [--rounds 5] [--name=value ...]
+
+Both arms train the config from scratch through train.py, each in a process of its own started
+the same way; the torch arm only replaces the optimizer that make_optimizer builds, with the same
+parameter groups and hyperparameters. Each round runs both, swapping which goes first. It prints
+per run the whole process's wall time (start-up, evaluations and all), the median ms per step
+after the first 20, and the final val loss; then the medians, and the median of the rounds'
+paired ratios. Any other --name=value is a training option, given to both arms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that is not installed
+from gpt.console import Parser  # noqa: E402
+
+SKIP = 20   # steps left out of each median: start-up effects
+SET_HERE = ("out_dir", "overwrite", "resume", "log_interval", "wandb")
+
+# the process each arm runs: train.py's main, with make_optimizer replaced in the torch arm
+LAUNCH = """
+import sys, torch
+sys.path.insert(0, {root!r})
+import gpt.train.setup as setup
+if {torch_arm}:
+    def make_optimizer(model, cfg):
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [{{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay}},
+                  {{"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}}]
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=True)
+    setup.make_optimizer = make_optimizer
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def one_run(arm: str, argv: list[str], out_dir: Path) -> dict:
+    """Train in a fresh process; its wall seconds, median step ms and final val loss."""
+    code = LAUNCH.format(root=str(ROOT), torch_arm=arm == "torch")
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code, *argv, f"--out_dir={out_dir}", "--overwrite=true",
+                           "--log_interval=1", "--wandb=false"], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"training exited with status {proc.returncode}"]
+        sys.exit(f"{arm}: {lines[-1]}")
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
+    if not steps:
+        sys.exit(f"the run made no step past the first {SKIP}: give more --max_iters")
+    val = [r["val_loss"] for r in rows if r["kind"] == "eval"][-1]
+    return {"wall_s": wall, "step_ms": statistics.median(steps), "val_loss": val}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="pairs of runs")
+    args, training = parser.parse_known_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} must be at least 1")
+    names = [arg[2:].partition("=")[0] for arg in training if arg.startswith("--")]
+    if "config" not in names:       # the default model takes minutes a step on a CPU
+        parser.error("give --config NAME, e.g. --config shakespeare_char_fast")
+    for name in names:
+        if name in SET_HERE:
+            parser.error(f"--{name}: this script sets it for each run")
+        if name in ("sweep", "seeds", "jobs"):
+            parser.error(f"--{name}: this script times one run's settings, not a sweep")
+    runs = {"ours": [], "torch": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for arm in (("ours", "torch") if r % 2 == 0 else ("torch", "ours")):
+                runs[arm].append(one_run(arm, training, Path(tmp) / arm))
+            print(f"round {r + 1}: " + "; ".join(
+                f"{arm} {runs[arm][-1]['wall_s']:.2f} s, {runs[arm][-1]['step_ms']:.2f} ms/step, "
+                f"val {runs[arm][-1]['val_loss']:.4f}" for arm in runs), flush=True)
+    for key, unit in (("wall_s", "s per process"), ("step_ms", "ms per step")):
+        ours, torch_ = (statistics.median(run[key] for run in runs[arm]) for arm in ("ours", "torch"))
+        paired = statistics.median(t[key] / o[key] for o, t in zip(runs["ours"], runs["torch"]))
+        print(f"{unit}: ours {ours:.3f}, torch fused {torch_:.3f}; torch / ours {torch_ / ours:.3f} "
+              f"(median of the rounds' ratios {paired:.3f})")
+    same = all(o["val_loss"] == t["val_loss"] for o, t in zip(runs["ours"], runs["torch"]))
+    print("final val loss: " + ("the same in every round" if same else
+                                "differs: " + ", ".join(f"{o['val_loss']:.6f} vs {t['val_loss']:.6f}"
+                                                        for o, t in zip(runs["ours"], runs["torch"]))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
