@@ -33,7 +33,8 @@ def bench(checkout: Path, options: list[str]) -> dict:
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(checkout)})
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
-        sys.exit(f"{checkout}: {lines[-1]}")
+        print(f"{checkout}: {lines[-1]}", file=sys.stderr)
+        raise SystemExit(2)
     return json.loads(proc.stdout)
 
 

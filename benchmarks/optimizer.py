@@ -54,11 +54,13 @@ def one_run(arm: str, argv: list[str], out_dir: Path) -> dict:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"training exited with status {proc.returncode}"]
-        sys.exit(f"{arm}: {lines[-1]}")
+        print(f"{arm}: {lines[-1]}", file=sys.stderr)
+        raise SystemExit(2)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
     if not steps:
-        sys.exit(f"the run made no step past the first {SKIP}: give more --max_iters")
+        print(f"error: the run made no step past the first {SKIP}: give more --max_iters", file=sys.stderr)
+        raise SystemExit(2)
     val = [r["val_loss"] for r in rows if r["kind"] == "eval"][-1]
     return {"wall_s": wall, "step_ms": statistics.median(steps), "val_loss": val}
 

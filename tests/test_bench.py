@@ -231,3 +231,84 @@ def test_the_thread_split_benchmark_wants_a_config_and_says_when_a_run_was_stopp
     assert capsys.readouterr().err == "stopped: training exited with status 130\n"
     monkeypatch.setattr(module, "median_step_ms", lambda argv, out_dir: 1.0)
     assert module.main(["--config=shakespeare_char_cpu", "--rounds", "1"]) == 0      # the = form too
+
+
+def _benchmark(name: str):
+    """benchmarks/NAME.py, loaded as a module."""
+    import importlib.util
+    from conftest import ROOT
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_optimizer_benchmark_runs_both_arms_to_the_same_losses(data_dir, tmp_path, capsys):
+    module = _benchmark("optimizer")
+    args = [a for a in tiny_args(data_dir, tmp_path / "unused") if a[2:].partition("=")[0] not in module.SET_HERE]
+    assert module.main(["--rounds", "1", "--config", "shakespeare_char_cpu", *args,
+                                          "--max_iters=22", "--eval_interval=22"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    arms = re.fullmatch(r"round 1: ours ([\d.]+) s, ([\d.]+) ms/step, val ([\d.]+); "
+                        r"torch ([\d.]+) s, ([\d.]+) ms/step, val ([\d.]+)", out[0])
+    assert arms and arms.group(3) == arms.group(6)      # the same kernel: the same losses
+    wall = re.fullmatch(r"s per process: ours ([\d.]+), torch fused ([\d.]+); torch / ours ([\d.]+) "
+                        r"\(median of the rounds' ratios ([\d.]+)\)", out[1])
+    assert float(wall.group(1)) == pytest.approx(float(arms.group(1)), abs=0.01)
+    assert float(wall.group(3)) == pytest.approx(float(arms.group(4)) / float(arms.group(1)), rel=0.01)
+    assert out[2].startswith("ms per step: ours ") and out[3] == "final val loss: the same in every round"
+    assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "1"], "error: give --config NAME, e.g. --config shakespeare_char_fast"),
+    (["--config", "shakespeare_char_cpu", "--rounds", "0"], "error: --rounds=0 must be at least 1"),
+    (["--config", "shakespeare_char_cpu", "--out_dir=x"], "error: --out_dir: this script sets it for each run"),
+    (["--config", "shakespeare_char_cpu", "--sweep", "n_layer=1,2"], "error: --sweep: this script times one run's"),
+    (["--config", "shakespeare_char_cpu", "--n_layer=0"], "ours: error: n_layer=0 must be positive"),
+])
+def test_the_optimizer_benchmark_refuses_bad_input_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _benchmark("optimizer").main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code in (1, 2) and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_the_checkout_comparison_times_a_checkout_against_itself(data_dir, tmp_path, capsys):
+    from conftest import ROOT
+    args = [a for a in tiny_args(data_dir, tmp_path / "unused") if not a.startswith("--out_dir=")]
+    assert _benchmark("compare_checkouts").main(["--other", str(ROOT), "--rounds", "1", "--config",
+                                                 "shakespeare_char_cpu", *args, "--bench_iters=3",
+                                                 "--bench_warmup=1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("round 1: this ms_per_iter ") and "; other ms_per_iter " in out[0]
+    figures = dict(re.findall(r"(\w+ \w+) ([\d,.]+)", out[0]))
+    assert len(out) == 4
+    for line, key in zip(out[1:], ("ms_per_iter", "sample_tokens_per_sec_cache", "sample_tokens_per_sec_no_cache")):
+        assert line.startswith(f"{key}: this ") and "x as fast (median of the rounds' paired ratios" in line
+    assert figures
+
+
+def test_the_sampling_comparison_gives_a_checkout_against_itself_ratios_near_one(capsys):
+    from conftest import ROOT
+    assert _benchmark("compare_sampling").main(["--other", str(ROOT), "--rounds", "1", "--tokens", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    sampled = re.fullmatch(r"sampling: this ([\d.]+), other ([\d.]+) tokens/s; this is ([\d.]+)x as fast "
+                           r"\(median of the rounds' paired ratios\)", out[1])
+    assert float(sampled.group(3)) == pytest.approx(float(sampled.group(1)) / float(sampled.group(2)), rel=0.01)
+    assert out[2].startswith("forward and backward: this ")
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    ("compare_checkouts", ["--other", "/nonexistent"], "no checkout of this project there"),
+    ("compare_checkouts", ["--other", ".", "--rounds", "0"], "--rounds=0 must be at least 1"),
+    ("compare_sampling", ["--other", "/nonexistent"], "no checkout of this project there"),
+    ("compare_sampling", ["--other", ".", "--tokens", "0"], "--tokens in [1, 255]"),
+])
+def test_the_checkout_comparisons_refuse_bad_input_in_one_line(script, argv, message, capsys, monkeypatch):
+    from conftest import ROOT
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as stop:
+        _benchmark(script).main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and message in err and err.count("\n") == 1, err
