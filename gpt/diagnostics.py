@@ -28,8 +28,8 @@ from .config import GPTConfig, check_seed
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .cpu.optim import AdamW
 from .errors import UserError
+from .memory import device_memory, out_of_memory_in_one_line
 from .model import GPT
-from .train.runtime import device_memory, out_of_memory_in_one_line
 
 
 def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> float:

@@ -23,11 +23,12 @@ from ..cpu.optim import clip_grad_norm
 from ..cpu.split import split_plan
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError
+from ..memory import out_of_memory_in_one_line
 from .evaluate import mean_losses
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
-from .runtime import (check_compile, check_threads, compile_failure_in_one_line, join_processes,
-                      out_of_memory_in_one_line, process_place, resolve_device)
+from .runtime import (TRAINING_FIX, check_compile, check_threads, compile_failure_in_one_line, join_processes,
+                      process_place, resolve_device)
 from .setup import Run, setup, tokens_per_step
 from .signals import StopRequest, end_with_the_sweep
 
@@ -78,7 +79,7 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     plan = split_plan(model_cfg, cfg, device, world, cfg.threads or torch.get_num_threads())
     device = join_processes(device, rank, world)
     try:
-        with (out_of_memory_in_one_line(), compile_failure_in_one_line(cfg.compile),
+        with (out_of_memory_in_one_line(TRAINING_FIX), compile_failure_in_one_line(cfg.compile),
               contextlib.ExitStack() as holds):
             run = setup(model_cfg, cfg, argv, device, rank, world, plan, holds)     # makes out_dir
             summary = Loop(run).fit() if isinstance(run, Run) else run      # else it had already ended

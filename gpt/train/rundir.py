@@ -126,7 +126,6 @@ def writable(out_dir: Path) -> None:
             raise UserError(f"{path} is read-only; make it writable (chmod u+w) or choose another --out_dir")
 
 
-
 def launcher(world: int) -> list[str]:
     """How this run was started, for command.txt: python, or torchrun with its process counts."""
     if world == 1:

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 
 import torch
 
 from ..config import GPTConfig, TrainConfig
 from ..cpu.precision import cpu_computes_bfloat16, torch_level
 from ..errors import UserError, first_line
-
-
-def device_memory(device: str) -> int | None:
-    """Bytes of memory the device has: the GPU's, or the whole machine's; None where unknown."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):     # Windows has no sysconf
-        return None
+from ..memory import device_memory
 
 
 def check_fits(model_cfg: GPTConfig, cfg: TrainConfig, device: str) -> None:
@@ -57,19 +47,6 @@ TRAINING_FIX = ("lower batch_size (raising gradient_accumulation_steps keeps the
 
 
 @contextlib.contextmanager
-def out_of_memory_in_one_line(fix: str = TRAINING_FIX):
-    """A failed allocation (numpy's, the CPU allocator's or CUDA's) becomes a UserError that
-    says fix."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:       # torch.OutOfMemoryError is a RuntimeError
-        text = str(e)
-        if not (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "can't allocate memory" in text):
-            raise
-        raise UserError(out_of_memory_message(text, fix)) from None
-
-
-@contextlib.contextmanager
 def compile_failure_in_one_line(compiling: bool):
     """torch.compile's own failures (no C++ compiler, an unsupported op) become a UserError: they
     surface in the first step, as pages of compiler output."""
@@ -80,15 +57,6 @@ def compile_failure_in_one_line(compiling: bool):
             raise
         raise UserError(f"torch.compile failed ({first_line(e)}); run without --compile, or fix what it "
                         "names") from None
-
-
-def out_of_memory_message(text: str, fix: str = TRAINING_FIX) -> str:
-    found = re.search(r"allocate (\d+(?:\.\d*)?) ?(bytes|[KMGT]iB)", text, re.IGNORECASE)
-    size = ""
-    if found:
-        scale = {"bytes": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}[found[2].lower()]
-        size = f" (an allocation of {float(found[1]) * scale / 2**30:,.2f} GiB failed)"
-    return f"out of memory{size}; {fix}"
 
 
 def env_int(name: str, default: int, least: int = 0) -> int:
@@ -106,15 +74,6 @@ def env_int(name: str, default: int, least: int = 0) -> int:
         raise UserError(f"{name}={text!r} in the environment is not a whole number of at least {least}; "
                         f"torchrun sets it: {fix}")
     return value
-
-
-def launcher(world: int) -> list[str]:
-    """How this run was started, for command.txt: python, or torchrun with its process counts."""
-    if world == 1:
-        return ["python"]
-    local = env_int("LOCAL_WORLD_SIZE", world, least=1)
-    nodes = [f"--nnodes={world // local}"] if world != local else []
-    return ["torchrun", *nodes, f"--nproc_per_node={local}"]
 
 
 def resolve_device(name: str) -> str:
