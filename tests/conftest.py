@@ -1,9 +1,11 @@
+import itertools
 import random
 import signal
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
@@ -13,7 +15,9 @@ sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+from gpt.config import GPTConfig  # noqa: E402
 from gpt.datasets import prepare  # noqa: E402
+from gpt.model import GPT  # noqa: E402
 
 # A tiny run: fast on 2 cores, still a real model with every part present.
 TINY = ["--device=cpu", "--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16",
@@ -56,3 +60,58 @@ def cpu_rounds_when_asked(monkeypatch):
     that tests of where the setting reaches, and of attention's exact detour, run on every CPU."""
     import gpt.cpu.precision
     monkeypatch.setattr(gpt.cpu.precision, "cpu_can_round", lambda: True)
+
+
+# Tiny models, for the tests of gpt/model.py, generate.py, positions.py, pretrained.py and cpu/.
+
+POS_ENCODINGS = ("learned", "sinusoidal", "rope", "alibi", "none")
+PLACEMENTS = ("pre", "post", "sandwich")
+GRID = list(itertools.product(POS_ENCODINGS, PLACEMENTS, (True, False), ("layernorm", "rmsnorm")))
+GRID_IDS = [f"{pe}-{place}-{'res' if res else 'nores'}-{norm}" for pe, place, res, norm in GRID]
+V, BLOCK = 13, 16
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread through a module's tests: pytestmark = pytest.mark.usefixtures("one_thread")."""
+    # ops this small only pay for thread hand-offs; on a busy 2-core box that cost 10x the runtime
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(seed: int = 0, **overrides) -> GPT:
+    settings = dict(vocab_size=V, block_size=BLOCK, n_layer=2, n_head=4, n_embd=16, dropout=0.0)
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**settings, **overrides})).eval()
+
+
+def grid_model(pos, place, res, norm) -> GPT:
+    return tiny_model(pos_encoding=pos, norm_placement=place, residual=res, norm_type=norm)
+
+
+def check_causal(model: GPT, t: int = 7) -> None:
+    idx = torch.randint(0, V, (2, BLOCK))
+    changed = idx.clone()
+    changed[:, t] = (idx[:, t] + 1) % V
+    with torch.no_grad():
+        before, _ = model(idx)
+        after, _ = model(changed)
+    torch.testing.assert_close(after[:, :t], before[:, :t], atol=1e-6, rtol=0)
+    assert (after[:, t:] - before[:, t:]).abs().max() > 1e-4
+
+
+def check_generate_cache(model: GPT) -> None:
+    # at GPT-2's 0.02 init a tiny untrained model has near-flat logits (top-2 gaps down to 2e-6),
+    # where float rounding alone could flip a greedy pick; wide random weights separate them
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    prompt = torch.randint(0, V, (2, 10))
+    # 6 new tokens end exactly at block_size; 30 slide the window past it
+    for n_new in (6, 30):
+        cached = model.generate(prompt, n_new, temperature=0, use_cache=True)
+        uncached = model.generate(prompt, n_new, temperature=0, use_cache=False)
+        assert cached.shape == (2, 10 + n_new)
+        assert torch.equal(cached, uncached)

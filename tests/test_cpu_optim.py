@@ -1,3 +1,5 @@
+"""gpt/cpu/optim.py: AdamW and gradient clipping against torch's, their state, a start-up without the compiler."""
+
 import math
 import subprocess
 import sys

@@ -1,3 +1,5 @@
+"""gpt/cpu/split.py: thread_split, each thread on its own rows of a batch, and the runs that split."""
+
 import json
 import os
 import threading

@@ -1,0 +1,68 @@
+"""gpt/positions.py: the sinusoidal table, rotary embeddings and ALiBi's slopes and bias."""
+
+import math
+
+import pytest
+import torch
+
+from gpt.positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
+
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
+
+
+@pytest.mark.parametrize("n_pos,dim", [(7, 6), (9, 8), (4, 5)])
+def test_sinusoidal_table_matches_paper_formula(n_pos, dim):
+    expected = [[math.sin(p / 10000 ** (2 * (j // 2) / dim)) if j % 2 == 0
+                 else math.cos(p / 10000 ** (2 * (j // 2) / dim))
+                 for j in range(dim)] for p in range(n_pos)]
+    torch.testing.assert_close(sinusoidal_table(n_pos, dim), torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    rotary = Rotary(head_size=8, n_pos=32)
+    q, k = torch.randn(2, 3, 10, 8), torch.randn(2, 3, 10, 8)
+    at_0 = rotary(q, start=0) @ rotary(k, start=0).transpose(-2, -1)
+    at_5 = rotary(q, start=5) @ rotary(k, start=5).transpose(-2, -1)
+    # the rotation itself depends on absolute position, so the invariance is not vacuous
+    assert not torch.allclose(rotary(q, start=0), rotary(q, start=5), atol=1e-3)
+    torch.testing.assert_close(at_5, at_0, atol=1e-5, rtol=0)
+
+
+def test_rope_rotates_each_pair_by_its_position_times_its_frequency():
+    torch.manual_seed(0)
+    hs, start, T = 8, 3, 4
+    x = torch.randn(1, 1, T, hs)
+    expected = torch.empty_like(x)
+    for t in range(T):
+        for i in range(hs // 2):
+            angle = (start + t) * 10000 ** (-2 * i / hs)
+            a, b = x[0, 0, t, 2 * i].item(), x[0, 0, t, 2 * i + 1].item()
+            expected[0, 0, t, 2 * i] = a * math.cos(angle) - b * math.sin(angle)
+            expected[0, 0, t, 2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
+    torch.testing.assert_close(Rotary(hs, n_pos=16)(x, start), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n_head, slopes", [
+    # the ALiBi paper's rule for head counts that are not powers of two: the slopes of the power
+    # of two below, then every other slope of the power of two above
+    (6, [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3]),
+    (12, [2.0 ** -k for k in range(1, 9)] + [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5]),
+])
+def test_alibi_slopes_for_head_counts_that_are_not_powers_of_two(n_head, slopes):
+    torch.testing.assert_close(alibi_slopes(n_head), torch.tensor(slopes))
+
+
+def test_alibi_slopes_and_bias():
+    slopes = alibi_slopes(8)
+    torch.testing.assert_close(slopes, torch.tensor([2.0 ** -i for i in range(1, 9)]))
+    T = 6
+    bias = alibi_bias(slopes, 0, T, T)
+    assert bias.shape == (8, T, T)
+    for h in range(8):
+        for i in range(T):
+            for j in range(T):
+                if j > i:
+                    assert bias[h, i, j] == float("-inf")
+                else:
+                    assert bias[h, i, j].item() == pytest.approx(-slopes[h].item() * (i - j))
