@@ -15,12 +15,14 @@ import math
 import os
 import pickle
 import re
+import shlex
 import shutil
 import zipfile
 from pathlib import Path
 
 import torch
 
+from .cli import available_configs, read_config_file
 from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgraded
 from .data import valid_meta
 from .errors import UserError, first_line
@@ -124,9 +126,18 @@ RESUME_KEYS = (*MODEL_KEYS, "train_config", "optimizer", "iter", "best_val_loss"
 def _broken(path: Path, detail: str = "") -> str:
     best = path.with_name("ckpt_best.pt")
     spare = (f"; {best} may be whole: sample it with --ckpt=best, or copy it to {path.name} to "
-             "resume from it") if path.name == "ckpt.pt" and best.is_file() else ""
+             "resume from it") if path.name == "ckpt.pt" and best.is_file() and zipfile.is_zipfile(best) else ""
     detail = f": {detail}" if detail else ""
     return f"{path} is not a readable checkpoint (truncated or corrupt){detail}{spare}"
+
+
+def train_command(out_dir: Path) -> str:
+    """A command that trains a run into out_dir: the shipped config whose out_dir it is, else the
+    CPU recipe; never the default model, sized for a GPU."""
+    for name in available_configs():
+        if not name.startswith("sweeps/") and Path(read_config_file(name)[0].get("out_dir", "")) == Path(out_dir):
+            return f"python train.py --config {name}"
+    return f"python train.py --config shakespeare_char_cpu --out_dir={shlex.quote(str(out_dir))}"
 
 
 def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -> dict:
@@ -143,7 +154,7 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         runs = sorted(path.parent.rglob(path.name)) if is_sweep(path.parent) else []
         if runs:
             raise UserError(f"{path.parent} is a sweep; give one of its runs, e.g. {runs[0].parent}")
-        raise UserError(f"no checkpoint at {path}; train first (python train.py --out_dir={path.parent})")
+        raise UserError(f"no checkpoint at {path}; train first ({train_command(path.parent)})")
     try:
         with open(path, "rb") as f:
             whole = zipfile.is_zipfile(f)   # torch.save writes a zip; its end is what a cut loses

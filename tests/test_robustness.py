@@ -435,6 +435,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      r"n_embd=16 is not divisible by n_head=3"),
     ("block too long", "train", lambda d, t, g: tiny_args(d, t / "o", "--block_size=100000"),
      r"too few for block_size=100000"),
+    # too long for memory as well: the text is what the context outgrows first
+    ("block too long for the text and the memory", "train",
+     lambda d, t, g: tiny_args(d, t / "o", "--block_size=20000000"), r"too few for block_size=20000000"),
     ("missing dataset", "train", lambda d, t, g: tiny_args(d, t / "o", "--dataset=nosuch"),
      r"dataset 'nosuch' is not prepared"),
     ("a dataset's folder as data_dir", "train",
@@ -477,7 +480,8 @@ ERRORS = [  # (name, script, argv builder, expected message)
     ("resume finished", "train", lambda d, t, g: [f"--out_dir={g}", "--resume"],
      r"already at iteration 2; raise --max_iters"),
     ("missing checkpoint", "sample", lambda d, t, g: [f"--out_dir={t / 'none'}"],
-     r"no checkpoint at .*ckpt.pt"),
+     r"no checkpoint at .*none/ckpt.pt; train first \(python train.py --config shakespeare_char_cpu "
+     r"--out_dir=.*none\)\n$"),
     ("truncated checkpoint", "sample", lambda d, t, g: [f"--out_dir={_truncate(g)}"],
      r"is not a readable checkpoint \(truncated or corrupt\)"),
     ("foreign checkpoint", "sample", lambda d, t, g: [f"--out_dir={_foreign(t)}"],
@@ -552,6 +556,9 @@ ERRORS = [  # (name, script, argv builder, expected message)
      lambda d, t, g: [f"--out_dir={_truncate(g, keep_best=True)}", "--resume"],
      r"truncated/ckpt.pt is not a readable checkpoint \(truncated or corrupt\); .*truncated/ckpt_best.pt may be "
      r"whole: sample it with --ckpt=best, or copy it to ckpt.pt to resume from it\n$"),
+    ("resume a truncated checkpoint beside an empty best one", "train",
+     lambda d, t, g: [f"--out_dir={_truncate(g, keep_best=True, best=b'')}", "--resume"],
+     r"truncated/ckpt.pt is not a readable checkpoint \(truncated or corrupt\)\n$"),
     # a device torch knows but this project does not run on: refused before the old run is cleared
     ("training on the meta device", "train", lambda d, t, g: tiny_args(d, g, "--device=meta"),
      r"device='meta' is not supported; use auto, cpu, cuda, cuda:N or mps"),
@@ -628,13 +635,14 @@ def _folder_ckpt(tmp_path):
     return tmp_path / "odd"
 
 
-def _truncate(good, keep_best=False):
+def _truncate(good, keep_best=False, best=None):
+    """A copy of the run with ckpt.pt cut in half; with keep_best, ckpt_best.pt too (or these bytes)."""
     bad = good.parent / "truncated"
     bad.mkdir()
     data = (good / "ckpt.pt").read_bytes()
     (bad / "ckpt.pt").write_bytes(data[: len(data) // 2])
     if keep_best:
-        (bad / "ckpt_best.pt").write_bytes((good / "ckpt_best.pt").read_bytes())
+        (bad / "ckpt_best.pt").write_bytes((good / "ckpt_best.pt").read_bytes() if best is None else best)
     return bad
 
 
@@ -1390,3 +1398,11 @@ def test_a_ctrl_c_while_train_py_exits_prints_no_traceback(data_dir, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
     assert proc.stdout.splitlines()[-1].startswith("done: 2 iterations")
+
+
+def test_the_train_first_hint_names_the_config_whose_folder_it_is(tmp_path):
+    from gpt.checkpoint import train_command
+    assert train_command(Path("out/shakespeare_char_cpu")) == "python train.py --config shakespeare_char_cpu"
+    assert train_command(Path("out/shakespeare_char_fast")) == "python train.py --config shakespeare_char_fast"
+    assert train_command(tmp_path / "my run") == ("python train.py --config shakespeare_char_cpu "
+                                                  f"--out_dir='{tmp_path / 'my run'}'")

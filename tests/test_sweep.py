@@ -48,6 +48,8 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert train.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| residual=true | 1 |" in printed and "| residual=false | 1 |" in printed
+    wrote = f"written: {out / 'summary.md'}, {out / 'sweep.csv'}, {out / 'curves.png'} and {out / 'diagnostics.png'}\n"
+    assert printed.endswith(wrote)      # where the report went, at the sweep's end
     rows = list(csv.DictReader(open(out / "sweep.csv")))
     assert [(r["residual"], r["seed"], r["status"]) for r in rows] == [("true", "1337", "finished"),
                                                                       ("false", "1337", "finished")]
@@ -67,6 +69,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert "2 runs (2 already finished)" in capsys.readouterr().out
     assert (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns == stamp
     assert report.main(["report", str(out)]) == 0
+    assert capsys.readouterr().out.endswith(wrote)     # and when the report is written again
 
 
 @pytest.mark.parametrize("axis, message", [

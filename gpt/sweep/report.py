@@ -281,6 +281,8 @@ def report(out_dir: Path) -> str:
         raise UserError(f"the report cannot be written to {where} ({e.strerror or e}); the table "
                         "is above") from None
     print(table)
+    print(f"\nwritten: {out_dir / 'summary.md'}, {out_dir / 'sweep.csv'}, {out_dir / 'curves.png'} and "
+          f"{out_dir / 'diagnostics.png'}")
     return table
 
 

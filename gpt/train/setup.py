@@ -153,9 +153,9 @@ def load_data(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int
         torch.distributed.barrier()
     meta = load_meta(folder)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
-    check_fits(model_cfg, cfg, device)
     resume.seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
+    check_fits(model_cfg, cfg, device)      # after the data: a context longer than the text is its fault
     return model_cfg, meta, batches
 
 
