@@ -167,7 +167,7 @@ def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dic
     dtype = autocast_dtype(train_cfg, device)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    parts, _ = split_plan(model_cfg, train_cfg, device, 1, train_cfg.threads or torch.get_num_threads())
+    parts = split_plan(model_cfg, train_cfg, device, 1, train_cfg.threads or torch.get_num_threads())
     result = time_training(model_cfg, train_cfg, bench)
     training_peak = peak_memory_mb(device)      # before the diagnostics and sampling add theirs
     meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)

@@ -90,7 +90,7 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     said = capsys.readouterr().out
     params = checkpoint.load_for_sampling(out)[0].num_params(non_embedding=False)
     tokens = 4 * 16     # TINY's batch_size and block_size
-    assert said.splitlines()[0] == (f"training {params:,} parameters on cpu (float32): 30 steps of "
+    assert said.splitlines()[0] == (f"training {params:,} parameters on cpu (float32, 1 thread): 30 steps of "
                                     f"{tokens} tokens into {out}")
     lines = [line for line in said.splitlines() if line.startswith("iter ")]
     assert "tokens/s" not in lines[0] and all(line.endswith(" tokens/s") for line in lines[1:])  # none at 0

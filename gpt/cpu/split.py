@@ -30,12 +30,11 @@ from .precision import torch_level
 AUTO_MAX_THREADS = 4
 
 
-def split_plan(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int,
-               threads: int) -> tuple[int, str | None]:
-    """How many row parts each micro-batch is split into (1 runs it whole, as torch splits ops),
-    and why `auto` runs a CPU run of several threads whole, for its start line (else None)."""
+def split_plan(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int, threads: int) -> int:
+    """How many row parts each micro-batch is split into (1 runs it whole, as torch splits ops).
+    Where `batch` was asked for and cannot be, says why; `auto` decides without a word."""
     if cfg.thread_split == "ops":
-        return 1, None
+        return 1
     why_not = [why for why, holds in (
         (f"device={device} runs each op on the device; the split is for CPU runs",
          torch.device(device).type != "cpu"),
@@ -50,14 +49,9 @@ def split_plan(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int,
     if cfg.thread_split == "batch" and why_not:
         raise UserError(f"thread_split=batch cannot split this run: {why_not[0]}; pass "
                         "--thread_split=auto or ops")
-    if cfg.thread_split == "auto":
-        if not why_not and threads > AUTO_MAX_THREADS:
-            why_not = [f"auto splits up to {AUTO_MAX_THREADS} threads (--thread_split=batch splits "
-                       f"over {threads})"]
-        if why_not:     # a GPU run, or one of a single thread, has nothing to be told
-            said = torch.device(device).type == "cpu" and threads >= 2
-            return 1, why_not[0] if said else None
-    return min(threads, cfg.batch_size), None
+    if cfg.thread_split == "auto" and (why_not or threads > AUTO_MAX_THREADS):
+        return 1
+    return min(threads, cfg.batch_size)
 
 
 class RowSplit:

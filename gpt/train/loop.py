@@ -76,12 +76,12 @@ def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None)
     device = resolve_device(cfg.device)
     check_threads(cfg)
     check_compile(cfg, device)
-    plan = split_plan(model_cfg, cfg, device, world, cfg.threads or torch.get_num_threads())
+    parts = split_plan(model_cfg, cfg, device, world, cfg.threads or torch.get_num_threads())
     device = join_processes(device, rank, world)
     try:
         with (out_of_memory_in_one_line(TRAINING_FIX), compile_failure_in_one_line(cfg.compile),
               contextlib.ExitStack() as holds):
-            run = setup(model_cfg, cfg, argv, device, rank, world, plan, holds)     # makes out_dir
+            run = setup(model_cfg, cfg, argv, device, rank, world, parts, holds)    # makes out_dir
             summary = Loop(run).fit() if isinstance(run, Run) else run      # else it had already ended
         if world > 1:   # leave together: none tears down its connections while rank 0 still saves
             torch.distributed.barrier()

@@ -73,10 +73,10 @@ def make_optimizer(model: GPT, cfg: TrainConfig) -> AdamW:
 
 
 def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device: str, rank: int,
-          world: int, plan: tuple[int, str | None], holds: contextlib.ExitStack) -> Run | dict:
+          world: int, parts: int, holds: contextlib.ExitStack) -> Run | dict:
     """The run, ready for its first step; or, for a resume that had already ended, its summary.
-    What must be undone when the run ends (threads, settings, the folder's lock) goes on holds."""
-    parts, unsplit = plan       # row parts per micro-batch, and why auto made none (split_plan)
+    parts: the row parts of each micro-batch (split_plan). What must be undone when the run ends
+    (threads, settings, the folder's lock) goes on holds."""
     master, out_dir = rank == 0, Path(cfg.out_dir)
     set_process(cfg, torch.device(device).type, holds)
     model_cfg, meta, batches = load_data(model_cfg, cfg, device, world)
@@ -127,7 +127,7 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
     run = Run(model_cfg, cfg, device, rank, world, meta, batches, unigram, autocast, model, raw_model,
               params, optimizer, metrics, split, at)
     if master:      # at once: a big model's first evaluation may take a while on a CPU
-        say_start(run, dtype, unsplit)
+        say_start(run, dtype)
     return run
 
 
@@ -211,14 +211,15 @@ def record_start(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None,
     return metrics
 
 
-def say_start(run: Run, dtype: torch.dtype, unsplit: str | None) -> None:
-    """The run's start line: its size, device, dtype, how steps are split, and where it writes."""
+def say_start(run: Run, dtype: torch.dtype) -> None:
+    """The run's start line: its size, device, dtype, a CPU's threads, and where it writes."""
     steps = run.cfg.max_iters - run.at.start_iter
     how = str(dtype).removeprefix("torch.")
     if run.split:
-        how += f", each batch split by rows over {run.split.parts} threads"
-    elif unsplit:
-        how += f"; not split by rows: {unsplit}"
+        how += f", {run.split.parts} threads, each batch split by rows between them"
+    elif torch.device(run.device).type == "cpu":
+        threads = torch.get_num_threads()
+        how += f", {threads} thread{'s' * (threads != 1)}"
     print(f"training {run.model_cfg.num_params():,} parameters on {run.device} ({how}): {steps} "
           f"step{'s' * (steps != 1)} of {tokens_per_step(run.model_cfg, run.cfg):,} tokens into {run.out_dir}",
           flush=True)

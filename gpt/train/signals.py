@@ -60,8 +60,9 @@ class StopRequest:
             self.signal = signal.Signals(signum).name
             if os.environ.get("RANK", "0") == "0":  # said at once: a step can take seconds
                 with contextlib.suppress(OSError):  # os.write: a print could land inside tqdm's
-                    os.write(2, f"\n{self.signal}: stopping at the end of the step under way (a "
-                                "second Ctrl-C stops at once)\n".encode())
+                    again = " (a second Ctrl-C stops at once)" if signum == signal.SIGINT else ""
+                    os.write(2, f"\n{self.signal}: stopping once the step or evaluation under way is "
+                                f"done{again}\n".encode())
         elif signum != signal.SIGINT:
             return
         elif self.holding:
