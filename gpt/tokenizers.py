@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 
 from .errors import UserError, first_line
@@ -32,16 +35,54 @@ class CharTokenizer:
         return {"tokenizer": "char", "vocab_size": self.vocab_size, "chars": self.chars}
 
 
+# the BPE files of each encoding by their published names, with the address tiktoken fetches each
+# from: its cache (TIKTOKEN_CACHE_DIR) keeps a file under the sha1 of that address
+BPE_FILES = {
+    "gpt2": {"vocab.bpe": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+             "encoder.json": "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json"},
+    "r50k_base": {"r50k_base.tiktoken": "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"},
+}
+
+
+def fill_tiktoken_cache(folder: Path, encoding: str) -> bool:
+    """Copy the encoding's files, found in folder under their published names, to the names
+    tiktoken's cache looks for there (it checks their hashes as it reads them); whether it could."""
+    files = BPE_FILES.get(encoding, {})
+    if not files or not all((folder / name).is_file() for name in files):
+        return False
+    try:
+        for name, url in files.items():
+            cached = folder / hashlib.sha1(url.encode()).hexdigest()
+            if not cached.exists():
+                tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+                shutil.copyfile(folder / name, tmp)
+                os.replace(tmp, cached)
+    except OSError:     # a read-only folder: the error names what to do
+        return False
+    return True
+
+
 class TiktokenTokenizer:
     def __init__(self, encoding: str = "gpt2"):
         import tiktoken
         self.encoding_name = encoding
         try:
             self.enc = tiktoken.get_encoding(encoding)
+            return
         except (OSError, ValueError) as e:  # network errors (requests': OSErrors) or bad files
-            raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first_line(e)}); connect "
-                            "to the internet once, or set TIKTOKEN_CACHE_DIR to a folder that holds "
-                            "them") from None
+            error = e
+        folder = os.environ.get("TIKTOKEN_CACHE_DIR", "")
+        if folder and fill_tiktoken_cache(Path(folder), encoding):   # files put there by their own names
+            try:
+                self.enc = tiktoken.get_encoding(encoding)
+                return
+            except (OSError, ValueError) as e:
+                error = e
+        names = " and ".join(BPE_FILES.get(encoding, {})) or f"the {encoding!r} files"
+        looked = f" (looked in {folder} for {names})" if folder else ""
+        raise UserError(f"tiktoken could not load the {encoding!r} BPE files ({first_line(error)}); connect "
+                        f"to the internet once, or put {names} in a writable folder and set "
+                        f"TIKTOKEN_CACHE_DIR to it{looked}") from None
 
     @property
     def vocab_size(self) -> int:

@@ -71,8 +71,8 @@ def test_a_signal_saves_and_resume_continues_exactly(data_dir, tmp_path, sig):
     assert same_weights(out, ref)
 
 
-def _signal_in_evaluation(monkeypatch, at_call: int):
-    """Ctrl-C to this process in the at_call-th forward pass of an evaluation."""
+def _signal_in_evaluation(monkeypatch, at_call: int, sig=signal.SIGINT):
+    """Ctrl-C (or sig) to this process in the at_call-th forward pass of an evaluation."""
     from gpt.model import GPT
     real_forward, calls = GPT.forward, []
 
@@ -80,7 +80,7 @@ def _signal_in_evaluation(monkeypatch, at_call: int):
         if not self.training and targets is not None:
             calls.append(1)
             if len(calls) == at_call:
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), sig)
         return real_forward(self, idx, targets)
     monkeypatch.setattr(GPT, "forward", forward)
     return calls
@@ -104,6 +104,18 @@ def test_a_signal_in_an_evaluation_stops_it_there_and_resume_evaluates_again(dat
     assert train.main([f"--out_dir={out}", "--resume"]) == 0
     assert evals(out) == evals(ref) and train_lines(out) == train_lines(ref)
     assert same_weights(out, ref)
+
+
+def test_sigterm_in_the_first_evaluation_is_named_and_says_once_that_nothing_was_saved(data_dir, tmp_path,
+                                                                                     monkeypatch, capfd):
+    _signal_in_evaluation(monkeypatch, 5, signal.SIGTERM)
+    out = tmp_path / "first"
+    assert train.main(tiny_args(data_dir, out, *RUN, "--eval_iters=20")) == 143
+    said = capfd.readouterr()
+    assert "\nSIGTERM: stopping once the step or evaluation under way is done\n" in said.err
+    assert "SIGTERM: stopped in the first evaluation, before any step; nothing was saved" in said.out
+    assert "Ctrl-C" not in said.err + said.out and (said.err + said.out).count("nothing was saved") == 1
+    assert not (out / "ckpt.pt").exists()
 
 
 def test_a_signal_in_the_first_evaluation_saves_nothing_and_in_the_last_is_too_late(data_dir, tmp_path,
@@ -1001,8 +1013,9 @@ def test_sampling_to_an_output_that_cannot_encode_the_text_gets_one_line(tmp_pat
                            "set PYTHONIOENCODING=utf-8\n")
 
 
-def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
+def test_bpe_files_out_of_reach_get_one_line(monkeypatch, tmp_path):
     tiktoken = pytest.importorskip("tiktoken")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))       # a folder without the files
 
     def offline(name):      # what requests raises with no network, as long
         raise OSError("HTTPSConnectionPool(host='openaipublic.blob.core.windows.net', port=443): Max retries "
@@ -1014,8 +1027,41 @@ def test_bpe_files_out_of_reach_get_one_line(monkeypatch):
         TiktokenTokenizer("gpt2")
     assert str(e.value) == ("tiktoken could not load the 'gpt2' BPE files (HTTPSConnectionPool(host='openaipublic."
                             "blob.core.windows.net', port=443): Max retries exceeded with url: /gpt-2/encodings/"
-                            "main/vocab.bpe (Caused by ...); connect to the internet once, or set "
-                            "TIKTOKEN_CACHE_DIR to a folder that holds them")
+                            "main/vocab.bpe (Caused by ...); connect to the internet once, or put vocab.bpe "
+                            f"and encoder.json in a writable folder and set TIKTOKEN_CACHE_DIR to it (looked in "
+                            f"{tmp_path} for vocab.bpe and encoder.json)")
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR")
+    with pytest.raises(UserError, match=r"set TIKTOKEN_CACHE_DIR to it$"):     # no folder to name
+        TiktokenTokenizer("gpt2")
+
+
+def test_gpt2_bpe_files_by_their_published_names_load_offline(monkeypatch, tmp_path):
+    """A folder holding encoder.json and vocab.bpe, as GPT-2 published them, is enough: the
+    tokenizer fills tiktoken's cache there under the names it looks for."""
+    tiktoken = pytest.importorskip("tiktoken")
+    import hashlib
+    import os
+
+    import tiktoken.load
+    import tiktoken.registry
+
+    from gpt.tokenizers import BPE_FILES, TiktokenTokenizer
+    cache = Path(os.environ.get("TIKTOKEN_CACHE_DIR", "/nonexistent"))
+    hashed = {name: cache / hashlib.sha1(url.encode()).hexdigest() for name, url in BPE_FILES["gpt2"].items()}
+    if not all(path.is_file() for path in hashed.values()):
+        pytest.skip("GPT-2 BPE files are not available offline (TIKTOKEN_CACHE_DIR holds none)")
+    plain = tmp_path / "gpt2-bpe"
+    plain.mkdir()
+    for name, path in hashed.items():
+        (plain / name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(plain))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})     # loaded afresh, from this folder
+
+    def offline(*args, **kwargs):
+        raise OSError("no network")
+    monkeypatch.setattr(tiktoken.load, "read_file", offline)   # what the cache does not hold fails
+    tok = TiktokenTokenizer("gpt2")
+    assert tok.encode("Hello world") == [15496, 995] and tok.vocab_size == 50257
 
 
 def test_a_long_error_is_cut_between_words_and_a_long_word_kept_in_part():
