@@ -12,7 +12,7 @@ import torch
 
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
-from ..cpu.memory import keep_freed_memory
+from ..cpu.allocator import keep_freed_memory
 from ..cpu.optim import AdamW
 from ..cpu.precision import matmul_precision, torch_level
 from ..cpu.split import RowSplit
@@ -90,20 +90,9 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
     optimizer = make_optimizer(model, cfg)
     at = resume.Position()
     if cfg.resume:
-        # on the CPU: RNG states must stay there
-        ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
-        at = resume.restore(ckpt, model, optimizer, batches, model_cfg, cfg, meta, device, master, world)
+        at = resume_from_checkpoint(model, optimizer, batches, autocast, model_cfg, cfg, meta, device, rank, world)
         if at.start_iter >= cfg.max_iters:
             return already_done(at, cfg, master)
-        eval_batch = cfg.eval_batch_size or cfg.batch_size
-        windows = resume.windows_scored(ckpt["train_config"])   # as saved: newer settings at their defaults
-        if master and windows != cfg.eval_iters * eval_batch:
-            def val_loss(m):
-                return mean_losses(m, batches, ("val",), cfg.eval_iters, eval_batch, autocast)["val_loss"]
-            at.best_val, at.best_iter = resume.rescore(model, val_loss, out_dir, at.start_iter, at.best_iter,
-                                                       windows, cfg.eval_iters * eval_batch)
-        if master:
-            print(f"resuming {out_dir / 'ckpt.pt'} at iteration {at.start_iter} of {cfg.max_iters}", flush=True)
     elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
         resume.start_afresh(out_dir, cfg)
 
@@ -129,6 +118,27 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
     if master:      # at once: a big model's first evaluation may take a while on a CPU
         say_start(run, dtype)
     return run
+
+
+def resume_from_checkpoint(model: GPT, optimizer: AdamW, batches: Batches, autocast, model_cfg: GPTConfig,
+                           cfg: TrainConfig, meta: dict, device: str, rank: int, world: int) -> resume.Position:
+    """The state of out_dir/ckpt.pt restored into model, optimizer and batches, and where the run
+    stands; the best checkpoint scored again where the evaluation windows changed."""
+    out_dir = Path(cfg.out_dir)
+    # on the CPU: RNG states must stay there
+    ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
+    at = resume.restore(ckpt, model, optimizer, batches, model_cfg, cfg, meta, device, rank == 0, world)
+    if at.start_iter >= cfg.max_iters or rank != 0:
+        return at
+    eval_batch = cfg.eval_batch_size or cfg.batch_size
+    windows = resume.windows_scored(ckpt["train_config"])   # as saved: newer settings at their defaults
+    if windows != cfg.eval_iters * eval_batch:
+        def val_loss(m):
+            return mean_losses(m, batches, ("val",), cfg.eval_iters, eval_batch, autocast)["val_loss"]
+        at.best_val, at.best_iter = resume.rescore(model, val_loss, out_dir, at.start_iter, at.best_iter,
+                                                   windows, cfg.eval_iters * eval_batch)
+    print(f"resuming {out_dir / 'ckpt.pt'} at iteration {at.start_iter} of {cfg.max_iters}", flush=True)
+    return at
 
 
 def set_process(cfg: TrainConfig, device_type: str, holds: contextlib.ExitStack) -> None:
