@@ -28,6 +28,7 @@ from .data import valid_meta
 from .errors import UserError, first_line
 from .model import GPT
 from .pretrained import weights_mismatch
+from .progress import progress
 from .tokenizers import tokenizer_from_meta
 
 FORMAT = "gpt-checkpoint-1"
@@ -55,8 +56,9 @@ def save(obj: dict, path: Path) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
-            torch.save({"format": FORMAT, **obj}, f)
+        with (open(tmp, "wb") as f,
+              progress(tensor_bytes(obj), f"saving {path.name}", "B", leave=False, unit_scale=True) as bar):
+            torch.save({"format": FORMAT, **obj}, _Counted(f, bar.update))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -65,13 +67,40 @@ def save(obj: dict, path: Path) -> None:
     _sync_folder(path.parent)
 
 
+class _Counted:
+    """A file being written that reports each write's size."""
+
+    def __init__(self, file, advance):
+        self.file, self.advance = file, advance
+
+    def write(self, data) -> int:
+        written = self.file.write(data)
+        self.advance(len(data))
+        return written
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in obj, nested in dicts, lists and tuples: a checkpoint's size, near enough."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(value) for value in obj)
+    return 0
+
+
 def save_copy(path: Path, other: Path) -> None:
     """Make other a copy of the checkpoint in path, as safely as save writes one. A copy, not a
     hard link: a tool that writes into ckpt.pt in place (cp over it) would change both."""
     tmp = other.with_name(other.name + ".tmp")
     try:
-        with open(path, "rb") as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 24)
+        with (open(path, "rb") as src, open(tmp, "wb") as dst,
+              progress(path.stat().st_size, f"copying it to {other.name}", "B", leave=False, unit_scale=True) as bar):
+            shutil.copyfileobj(src, _Counted(dst, bar.update), 1 << 24)
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, other)

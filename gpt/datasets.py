@@ -24,6 +24,7 @@ import numpy as np
 from .config import user_path
 from .console import Parser
 from .errors import UserError
+from .progress import progress
 from .tokenizers import CharTokenizer, TiktokenTokenizer
 
 PIECE = 1 << 20     # characters of a text file read at a time while preparing it
@@ -54,7 +55,7 @@ def fetch_text(input_path: Path, download_url: str) -> None:
         if data is None:
             print(f"downloading {download_url} -> {input_path}")
             with urllib.request.urlopen(download_url, timeout=30) as response:
-                data = response.read()
+                data = read_all(response, f"downloading {input_path.name}")
     except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
         raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
                         f"from {download_url} at {input_path.absolute()} and run again") from None
@@ -68,6 +69,17 @@ def fetch_text(input_path: Path, download_url: str) -> None:
     finally:
         with contextlib.suppress(OSError):     # its folder may be a file
             tmp.unlink(missing_ok=True)
+
+
+def read_all(response, desc: str) -> bytes:
+    """An HTTP response's body, read with a progress bar over its Content-Length."""
+    size = response.headers.get("Content-Length")
+    chunks = []
+    with progress(int(size) if size and size.isdigit() else None, desc, "B", unit_scale=True) as bar:
+        while chunk := response.read(1 << 16):
+            chunks.append(chunk)
+            bar.update(len(chunk))
+    return b"".join(chunks)
 
 
 def text_pieces(path: Path) -> Iterator[str]:
@@ -161,8 +173,9 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
             raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
     tmps = [path.with_name(f"{path.name}.tmp{unique()}") for path in targets]
     try:
-        with open(tmps[0], "wb") as train, open(tmps[1], "wb") as val:
-            sizes, read = _write_ids(pieces(), n, tok, (train, val))
+        with (open(tmps[0], "wb") as train, open(tmps[1], "wb") as val,
+              progress(length, f"preparing {out_dir.name}", "chars", unit_scale=True) as bar):
+            sizes, read = _write_ids(_advancing(pieces(), bar.update), n, tok, (train, val))
         if read != length or not unchanged():
             raise UserError(CHANGED)
         if min(sizes) < 2:     # a split needs a token and the one after it to train or score on
@@ -185,6 +198,12 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
             raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
         raise
     return meta
+
+
+def _advancing(pieces, advance) -> Iterator[str]:
+    for piece in pieces:
+        yield piece
+        advance(len(piece))
 
 
 CHANGED = "the text changed while it was being prepared; prepare it again"

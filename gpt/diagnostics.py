@@ -30,6 +30,7 @@ from .cpu.optim import AdamW
 from .errors import UserError
 from .memory import device_memory, out_of_memory_in_one_line
 from .model import GPT
+from .progress import progress
 
 
 def unigram_loss(train_ids, val_ids, vocab_size: int, chunk: int = 1 << 16) -> float:
@@ -55,8 +56,11 @@ def whole_split_loss(model, ids, batch: int = 256) -> float:
     y = torch.from_numpy(np.asarray(ids[1:n * T + 1], dtype=np.int64).reshape(n, T)).to(device)
     was_training = model.training
     model.eval()
-    total = sum(model(x[i:i + batch], y[i:i + batch])[1].item() * len(x[i:i + batch])
-                for i in range(0, n, batch))
+    total = 0.0
+    with progress(n, "scoring the whole split", "windows") as bar:
+        for i in range(0, n, batch):
+            total += model(x[i:i + batch], y[i:i + batch])[1].item() * len(x[i:i + batch])
+            bar.update(len(x[i:i + batch]))
     model.train(was_training)
     return total / n
 

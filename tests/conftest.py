@@ -14,6 +14,9 @@ sys.path.insert(0, str(ROOT))   # `import gpt` under a bare `pytest` too
 # inherits SIGINT ignored, as would the scripts it starts, and then no Ctrl-C test could pass
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# likewise SIGHUP under nohup, which a run rightly leaves ignored
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 from gpt.config import GPTConfig  # noqa: E402
 from gpt.datasets import prepare  # noqa: E402
@@ -115,3 +118,38 @@ def check_generate_cache(model: GPT) -> None:
         uncached = model.generate(prompt, n_new, temperature=0, use_cache=False)
         assert cached.shape == (2, 10 + n_new)
         assert torch.equal(cached, uncached)
+
+
+@pytest.fixture
+def no_estimate(monkeypatch):
+    """Runs without the estimate before them, for tests that count a run's own forward passes."""
+    from gpt.train import estimate
+    monkeypatch.setattr(estimate, "say", lambda run, all_threads, stopped: None)
+
+
+@pytest.fixture
+def http_server():
+    """serve(files) -> base URL: files ({path: bytes}) served over HTTP on 127.0.0.1 until the test ends."""
+    import http.server
+    import threading
+    servers = []
+
+    def serve(files: dict[str, bytes]) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = files.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *args):      # no request lines in the test's output
+                pass
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -280,11 +280,9 @@ def test_a_pipe_is_read_once(tmp_path):
     assert meta["val_tokens"] == len(text) - int(len(text) * 0.9)
 
 
-def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_path, monkeypatch):
-    import io
-    import urllib.request
+def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_path, monkeypatch, http_server):
     from gpt import datasets
-    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(b"First Citizen:\n"))
+    url = http_server({"/input.txt": b"First Citizen:\n"}) + "/input.txt"
     real_replace = os.replace
 
     def full(src, dst):
@@ -293,11 +291,11 @@ def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_p
         real_replace(src, dst)
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*input.txt \(No space left on device\)$"):
-        datasets.fetch_text(tmp_path / "input.txt", "https://example.org/input.txt")
+        datasets.fetch_text(tmp_path / "input.txt", url)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "file").write_text("")          # a folder that is a file
     with pytest.raises(UserError, match=r"^cannot write the downloaded text to .*file/input.txt \("):
-        datasets.fetch_text(tmp_path / "file" / "input.txt", "https://example.org/input.txt")
+        datasets.fetch_text(tmp_path / "file" / "input.txt", url)
 
 
 def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):
@@ -341,3 +339,17 @@ def test_prepare_refuses_to_replace_a_dataset_made_from_other_text(tmp_path, cap
     meta = json.loads((out / "meta.json").read_text())
     (out / "meta.json").write_text(json.dumps(meta))
     assert datasets.prepare_main("shakespeare_char", ["--input", str(second), "--out_dir", str(out)]) == 0
+
+
+def test_a_download_shows_its_progress_in_a_log_as_plain_lines(tmp_path, monkeypatch, http_server, capsys):
+    from gpt import datasets, progress
+    text = make_text(60000).encode()
+    url = http_server({"/input.txt": text}) + "/input.txt"
+    ticks = iter(range(0, 10**6, 20))           # a clock 20 s on at each reading
+    monkeypatch.setattr(progress, "clock", lambda: next(ticks))
+    datasets.fetch_text(tmp_path / "input.txt", url)
+    assert (tmp_path / "input.txt").read_bytes() == text
+    lines = capsys.readouterr().err.splitlines()
+    # a line once 30 s of the clock have passed since the last, and one at the end
+    assert len(lines) >= 2 and all(line.startswith("downloading input.txt: ") for line in lines)
+    assert re.match(r"downloading input.txt: 100% (\S+)/\1 B \[", lines[-1]) and "\r" not in "".join(lines)

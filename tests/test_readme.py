@@ -113,3 +113,12 @@ def test_every_relative_link_and_anchor_resolves(page):
             if anchor not in {slug(h) for h in headings}:
                 broken.append(target)
     assert broken == []
+
+
+def test_an_install_holds_every_subpackage():
+    import tomllib
+
+    import setuptools
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "gpt").rglob("__init__.py")}
+    assert len(packages) > 1 and set(setuptools.find_packages(str(ROOT), include=include)) == packages

@@ -86,7 +86,7 @@ def _signal_in_evaluation(monkeypatch, at_call: int, sig=signal.SIGINT):
     return calls
 
 
-def test_a_signal_in_an_evaluation_stops_it_there_and_resume_evaluates_again(data_dir, tmp_path,
+def test_a_signal_in_an_evaluation_stops_it_there_and_resume_evaluates_again(no_estimate, data_dir, tmp_path,
                                                                               monkeypatch, capsys):
     run = [*RUN, "--eval_iters=50", "--diagnostics=false"]     # its passes are not counted here
     ref = tmp_path / "ref"
@@ -106,24 +106,24 @@ def test_a_signal_in_an_evaluation_stops_it_there_and_resume_evaluates_again(dat
     assert same_weights(out, ref)
 
 
-def test_sigterm_in_the_first_evaluation_is_named_and_says_once_that_nothing_was_saved(data_dir, tmp_path,
+def test_sigterm_in_the_first_evaluation_is_named_and_says_once_that_nothing_was_saved(no_estimate, data_dir, tmp_path,
                                                                                      monkeypatch, capfd):
     _signal_in_evaluation(monkeypatch, 5, signal.SIGTERM)
     out = tmp_path / "first"
     assert train.main(tiny_args(data_dir, out, *RUN, "--eval_iters=20")) == 143
     said = capfd.readouterr()
     assert "\nSIGTERM: stopping once the step or evaluation under way is done\n" in said.err
-    assert "SIGTERM: stopped in the first evaluation, before any step; nothing was saved" in said.out
+    assert "SIGTERM: stopped before the first step; nothing was saved" in said.out
     assert "Ctrl-C" not in said.err + said.out and (said.err + said.out).count("nothing was saved") == 1
     assert not (out / "ckpt.pt").exists()
 
 
-def test_a_signal_in_the_first_evaluation_saves_nothing_and_in_the_last_is_too_late(data_dir, tmp_path,
+def test_a_signal_in_the_first_evaluation_saves_nothing_and_in_the_last_is_too_late(no_estimate, data_dir, tmp_path,
                                                                                      monkeypatch, capsys):
     _signal_in_evaluation(monkeypatch, 5)
     out = tmp_path / "first"
     assert train.main(tiny_args(data_dir, out, *RUN, "--eval_iters=20")) == 130
-    assert "SIGINT: stopped in the first evaluation, before any step; nothing was saved" in capsys.readouterr().out
+    assert "SIGINT: stopped before the first step; nothing was saved" in capsys.readouterr().out
     assert not (out / "ckpt.pt").exists()
     calls = _signal_in_evaluation(monkeypatch, 2 * 20 + 5)      # 2 iterations: the second is the last
     out = tmp_path / "last"
@@ -253,7 +253,7 @@ def test_the_best_checkpoint_is_a_copy_and_a_failed_copy_is_made_good_on_resumin
      " (an allocation of 121.00 GiB failed)"),
     (MemoryError(), ""),
 ])
-def test_running_out_of_memory_mid_run_stops_with_one_line_and_the_run_resumes(data_dir, tmp_path,
+def test_running_out_of_memory_mid_run_stops_with_one_line_and_the_run_resumes(no_estimate, data_dir, tmp_path,
                                                                                monkeypatch, capsys, error, size):
     from gpt.model import GPT
     real_forward, calls = GPT.forward, []
@@ -314,7 +314,7 @@ def test_a_save_leaves_no_temporary_file_and_replaces_atomically(tmp_path):
     assert torch.equal(checkpoint.load(tmp_path / "ckpt.pt", needs=())["a"], torch.zeros(2))
 
 
-def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch, capsys):
+def test_nonfinite_loss_stops_and_keeps_the_last_good_checkpoint(no_estimate, data_dir, tmp_path, monkeypatch, capsys):
     from gpt.model import GPT
     real_forward = GPT.forward
     calls = {"n": 0}
@@ -361,7 +361,7 @@ def poison_evaluations(monkeypatch, is_bad) -> dict:
     return calls
 
 
-def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(data_dir, tmp_path, monkeypatch,
+def test_a_nonfinite_evaluation_saves_nothing_over_the_last_good_checkpoint(no_estimate, data_dir, tmp_path, monkeypatch,
                                                                              capsys):
     calls = poison_evaluations(monkeypatch, lambda n: n == 11)  # 4 batches an evaluation: the val
                                                                 # part of the one at 20

@@ -682,7 +682,7 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     assert json.loads((run / "config.json").read_text())["train"]["learning_rate"] == 2e-3
 
 
-def test_a_sweep_resumes_a_stopped_run_it_started(data_dir, tmp_path, monkeypatch):
+def test_a_sweep_resumes_a_stopped_run_it_started(no_estimate, data_dir, tmp_path, monkeypatch):
     import os
     import signal
 

@@ -615,3 +615,93 @@ def test_compile_with_medium_is_refused_only_where_attention_would_round(monkeyp
     # the device is resolved only when the answer depends on it: a finished sweep's runs on
     # device=cuda still report on a machine without CUDA
     check_compile(TrainConfig(device="cuda", compile=True))
+
+
+def test_durations_read_at_a_glance():
+    from gpt.progress import duration
+    assert [duration(s) for s in (0.2, 40, 59.4, 60, 25 * 60, 3599, 12 * 3600 + 40 * 60, 46 * 3600 + 52.6 * 60)] == [
+        "about 1 s", "about 40 s", "about 59 s", "about 1 min", "about 25 min", "about 1 h 0 min",
+        "about 12 h 40 min", "about 46 h 53 min"]
+
+
+def test_the_evaluations_left_count_the_end_and_skip_one_already_made():
+    from gpt.train.estimate import evaluations_left
+    every = lambda n, m: TrainConfig(max_iters=m, eval_interval=n, lr_decay_iters=m, warmup_iters=0)
+    assert evaluations_left(every(250, 2000), 0, -1) == 9          # 0, 250, ..., 2000
+    assert evaluations_left(every(20, 30), 0, -1) == 3             # 0, 20 and the end
+    assert evaluations_left(every(250, 2000), 250, 250) == 7       # a resume: 250 was made before it stopped
+
+
+def test_the_estimate_leaves_the_run_as_it_would_be_untimed(data_dir, tmp_path, capsys, monkeypatch):
+    from gpt.train import estimate
+    args = ["--max_iters=12", "--eval_interval=6", "--dropout=0.1", "--seed=3"]
+    timed, untimed = tmp_path / "timed", tmp_path / "untimed"
+    assert train.main(tiny_args(data_dir, timed, *args)) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[1].startswith("estimated time: about ") and " for 12 steps and 3 evaluations (" in said[1]
+    assert said[2].startswith("iter 0: ")              # before the first evaluation
+    monkeypatch.setattr(estimate, "say", lambda run, all_threads, stopped: None)
+    assert train.main(tiny_args(data_dir, untimed, *args)) == 0
+    for kind in ("train", "eval"):
+        strip = lambda rows: [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec")}
+                              for r in rows]
+        assert strip(read_metrics(timed, kind)) == strip(read_metrics(untimed, kind))
+    a, b = checkpoint.load(timed / "ckpt.pt"), checkpoint.load(untimed / "ckpt.pt")
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"]) and torch.equal(a["batch_rng"], b["batch_rng"])
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+@pytest.mark.parametrize("step_s, sized_for_a_gpu", [(10.0, True), (0.01, False)])
+def test_a_long_estimate_on_a_cpu_names_the_cpu_recipe_and_its_time(step_s, sized_for_a_gpu, data_dir, tmp_path,
+                                                                    capsys, monkeypatch):
+    from gpt.progress import duration
+    from gpt.train import estimate
+    monkeypatch.setattr(estimate, "_seconds", lambda work, device: step_s)   # each step and batch
+    assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=300", "--eval_interval=100",
+                                "--eval_iters=2")) == 0
+    said = capsys.readouterr().out
+    # 300 steps, and 4 evaluations of 2 batches on each split plus the diagnostics' step
+    total = 300 * step_s + 4 * (2 * 2 * step_s + step_s)
+    assert f"estimated time: {duration(total)} for 300 steps and 4 evaluations " in said
+    assert f"({step_s * 1000:,.0f} ms a step, " in said
+    # the recipe's 2000 steps and 9 evaluations of 20 batches a split, at the same made-up speed
+    recipe = duration(2000 * step_s + 9 * (2 * 20 * step_s + step_s))
+    hint = ("this run is sized for a GPU; on this CPU, python train.py --config shakespeare_char_cpu trains a "
+            f"smaller model in {recipe}\n")
+    assert (hint in said) == sized_for_a_gpu
+
+
+def test_the_cpu_recipe_is_timed_on_its_own_model_with_the_random_state_put_back(monkeypatch):
+    from gpt.train import estimate
+    sizes = []
+    real_forward = GPT.forward
+
+    def forward(self, idx, targets=None):
+        sizes.append((self.config.n_layer, self.config.n_embd, tuple(idx.shape)))
+        return real_forward(self, idx, targets)
+    monkeypatch.setattr(GPT, "forward", forward)
+    monkeypatch.setattr(estimate, "WARM_S", float("inf"))     # every piece timed twice
+    before = torch.get_rng_state()
+    assert estimate.cpu_recipe_seconds("cpu") > 0
+    assert set(sizes) == {(4, 128, (12, 64))} and len(sizes) == 4      # its step and batch, twice each
+    assert torch.equal(torch.get_rng_state(), before)      # its weights were drawn from a stream of its own
+
+
+def test_a_stop_during_the_estimate_says_nothing_of_it_and_saves_nothing(data_dir, tmp_path, capsys, monkeypatch):
+    import os
+    import signal
+
+    from gpt.train import estimate
+    real = estimate.step_seconds
+
+    def interrupted(run):
+        took = real(run)
+        os.kill(os.getpid(), signal.SIGINT)
+        return took
+    monkeypatch.setattr(estimate, "step_seconds", interrupted)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=10")) == 130
+    said = capsys.readouterr().out
+    assert "estimated time" not in said and "iter 0" not in said
+    assert "SIGINT: stopped before the first step; nothing was saved" in said
+    assert not (out / "ckpt.pt").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from ..config import REPO_ROOT, SweepConfig, TrainConfig, build
 from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
+from ..progress import duration
 from ..train.loop import DIVERGED_EXIT
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals
@@ -105,7 +107,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
-    done = len(runs) - len(todo)
+    done, walls = len(runs) - len(todo), []          # walls: the seconds of the runs ended here
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(_interrupt)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
@@ -133,7 +135,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bo
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
                 done += 1
-                _record(running.pop(proc), proc.returncode, done, len(runs))
+                _record(running.pop(proc), proc.returncode, done, len(runs), walls, jobs)
     except KeyboardInterrupt as stop:
         _stop(running, done, len(runs))
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
@@ -172,7 +174,9 @@ def _done(folder: Path) -> bool:
     return path.exists() and read_json(path).get("status") in DONE
 
 
-def _record(entry, returncode: int, done: int, total: int) -> None:
+def _record(entry, returncode: int, done: int, total: int, walls: list[float] | None = None, jobs: int = 1) -> None:
+    """Write the run's result.json and print a line on it, with the sweep's time left, from the
+    mean time of the runs ended so far, once there is one."""
     run, started, log = entry
     log.close()
     status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
@@ -181,7 +185,12 @@ def _record(entry, returncode: int, done: int, total: int) -> None:
     final = final_eval(run.folder)
     val = f"val {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
-    print(f"[{done}/{total} done] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
+    left = ""
+    if walls is not None:
+        walls.append(result["wall_s"])
+        if done < total:
+            left = f", {duration(sum(walls) / len(walls) * math.ceil((total - done) / jobs))} left"
+    print(f"[{done}/{total} done{left}] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)
 
 

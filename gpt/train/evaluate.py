@@ -11,8 +11,9 @@ from ..model import GPT
 
 @torch.no_grad()
 def mean_losses(model: GPT, batches: Batches, splits, n_batches: int, batch_size: int, autocast,
-                interrupted=lambda: False) -> dict | None:
-    """{split_loss: mean loss} over the evaluation windows, or None once interrupted() is true."""
+                interrupted=lambda: False, advance=lambda: None) -> dict | None:
+    """{split_loss: mean loss} over the evaluation windows, or None once interrupted() is true;
+    advance() is called after each batch."""
     model.eval()
     try:
         out = {}
@@ -24,6 +25,7 @@ def mean_losses(model: GPT, batches: Batches, splits, n_batches: int, batch_size
                     return None
                 with autocast:
                     losses.append(model(x, y)[1].item())
+                advance()
             out[f"{split}_loss"] = float(np.mean(losses))
         return out
     finally:

@@ -15,8 +15,6 @@ import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
-
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
 from ..cpu.optim import clip_grad_norm
@@ -24,6 +22,8 @@ from ..cpu.split import split_plan
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError
 from ..memory import out_of_memory_in_one_line
+from ..progress import progress
+from . import estimate
 from .evaluate import mean_losses
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
@@ -100,36 +100,46 @@ class Loop:
         self.summary = {"stopped_by": None}
         self.tokens_per_iter = tokens_per_step(run.model_cfg, run.cfg)
         self.tokens_since, self.skipped = 0, 0      # tokens trained since the last evaluation
-        self.t_start = self.tick = self.step_end = time.perf_counter()
-        self.bar = tqdm(total=run.cfg.max_iters, initial=run.at.start_iter, disable=not run.master or None,
-                        dynamic_ncols=True, desc=run.out_dir.name)
 
     def fit(self) -> dict:
-        """Evaluate every eval_interval steps (and at the end), step until max_iters or a stop."""
+        """Estimate the time the run will take, then evaluate every eval_interval steps (and at the
+        end) and step until max_iters or a stop."""
         run, cfg = self.run, self.cfg
-        with self.stop, contextlib.closing(self.bar):
-            it = run.at.start_iter
-            while True:
-                lr = lr_at(it, cfg)
-                for group in run.optimizer.param_groups:    # before evaluating: diagnostics read it
-                    group["lr"] = lr
-                if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
-                    if not self.evaluate(it, lr):
-                        self.stop_at(it)
-                        break
-                if it >= cfg.max_iters:
-                    break
-                loss, grad_norm, stopping = self.step(it)
-                self.log_step(it, lr, loss, grad_norm)
-                it += 1
-                if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
-                    self.stop_at(it)
-                    break
+        with self.stop:
+            # one process of one: under DDP a backward outside the wrapper would not meet the others'
+            if run.master and run.world == 1 and run.at.start_iter < cfg.max_iters:
+                estimate.say(run, self.all_threads, lambda: self.stop.signal is not None)
+            self.t_start = self.tick = self.step_end = time.perf_counter()     # the estimate is not training
+            self.bar = progress(cfg.max_iters, run.out_dir.name, "steps", run.at.start_iter, disable=not run.master)
+            with contextlib.closing(self.bar):
+                it = self.fit_steps()
         self.summary.update(iters=it, best_val_loss=run.at.best_val, skipped_steps=self.skipped,
                             wall_s=time.perf_counter() - self.t_start)
         if run.master and not self.summary["stopped_by"]:
             self.say_done(it)
         return self.summary
+
+    def fit_steps(self) -> int:
+        """Evaluate every eval_interval steps (and at the end), step until max_iters or a stop;
+        returns the iteration reached."""
+        run, cfg = self.run, self.cfg
+        it = run.at.start_iter
+        while True:
+            lr = lr_at(it, cfg)
+            for group in run.optimizer.param_groups:    # before evaluating: diagnostics read it
+                group["lr"] = lr
+            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
+                if not self.evaluate(it, lr):
+                    self.stop_at(it)
+                    return it
+            if it >= cfg.max_iters:
+                return it
+            loss, grad_norm, stopping = self.step(it)
+            self.log_step(it, lr, loss, grad_norm)
+            it += 1
+            if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
+                self.stop_at(it)
+                return it
 
     def step(self, it: int) -> tuple[float, float, bool]:
         """One optimizer step over gradient_accumulation_steps micro-batches: (mean loss, gradient
@@ -192,9 +202,10 @@ class Loop:
         since_tick = time.perf_counter() - self.tick
         # under DDP the ranks finish it together; the last one, which no resume would repeat, always
         stoppable = it < cfg.max_iters and run.world == 1
-        with self.all_threads():
+        with self.all_threads(), progress(2 * cfg.eval_iters, f"evaluating at iteration {it}", "batches",
+                                          leave=False, disable=not run.master) as bar:
             losses = mean_losses(run.raw_model, run.batches, ("train", "val"), cfg.eval_iters, run.eval_batch,
-                                 run.autocast, lambda: stoppable and self.stop.signal is not None)
+                                 run.autocast, lambda: stoppable and self.stop.signal is not None, bar.update)
         if losses is None:
             return False
         row = {"kind": "eval", "iter": it, **losses, "lr": lr,
@@ -280,7 +291,7 @@ class Loop:
             elif self.cfg.resume:
                 done = f"{out_dir / 'ckpt.pt'} still holds iteration {it}; {how_to_continue(out_dir)}"
             else:
-                done = "stopped in the first evaluation, before any step; nothing was saved"
+                done = "stopped before the first step; nothing was saved"
             run.metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
             self.bar.write(f"{signal_name}: {done}")
         self.summary["stopped_by"] = signal_name

@@ -21,6 +21,7 @@ from ..datasets import ensure_prepared
 from ..diagnostics import unigram_loss
 from ..errors import UserError
 from ..model import GPT
+from ..progress import progress
 from . import resume, rundir
 from .evaluate import mean_losses
 from .metrics import Metrics, start_wandb
@@ -134,7 +135,9 @@ def resume_from_checkpoint(model: GPT, optimizer: AdamW, batches: Batches, autoc
     windows = resume.windows_scored(ckpt["train_config"])   # as saved: newer settings at their defaults
     if windows != cfg.eval_iters * eval_batch:
         def val_loss(m):
-            return mean_losses(m, batches, ("val",), cfg.eval_iters, eval_batch, autocast)["val_loss"]
+            with progress(cfg.eval_iters, "scoring on the new evaluation windows", "batches", leave=False) as bar:
+                return mean_losses(m, batches, ("val",), cfg.eval_iters, eval_batch, autocast,
+                                   advance=bar.update)["val_loss"]
         at.best_val, at.best_iter = resume.rescore(model, val_loss, out_dir, at.start_iter, at.best_iter,
                                                    windows, cfg.eval_iters * eval_batch)
     print(f"resuming {out_dir / 'ckpt.pt'} at iteration {at.start_iter} of {cfg.max_iters}", flush=True)
