@@ -3,7 +3,8 @@
     python -m gpt.figures attention --out_dir=DIR --start="ROMEO: ..."   # DIR/attention.png
     python -m gpt.figures run DIR                                         # DIR/dashboard.png
 
-`attention` draws every head of every layer for a prompt, with its characters on the axes.
+`attention` draws every head of every layer for a prompt, with its characters on the axes and
+one colour bar for the attention probabilities.
 `run` draws one page from metrics.jsonl: losses against the unigram level, the learning rate, and
 per block the gradient norm, update size, residual RMS, position similarity and head entropy.
 """
@@ -16,6 +17,7 @@ interrupt_quietly_while_loading(__name__)      # before torch loads
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +27,9 @@ from .console import Parser, interrupt_in_one_line, output_may_close
 from .errors import UserError
 from .tokenizers import encode_prompt, read_prompt
 from .train.metrics import read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DEFAULT_PROMPT = "ROMEO: But soft, what light"
 
@@ -46,25 +51,34 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     if not ids:
         raise UserError("--start is empty; give the prompt whose attention to draw")
     maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)
-    labels = [repr(tok.decode([i]))[1:-1] or " " for i in ids]
-    n_layer, n_head = len(maps), maps[0].size(1)
+    _save(attention_maps_figure(maps, [repr(tok.decode([i]))[1:-1] or " " for i in ids]), out)
+    return out
+
+
+def attention_maps_figure(maps: list[torch.Tensor], labels: list[str]) -> Figure:
+    """Every head of every layer (maps: per layer (1, n_head, T, T)), its T characters (labels) on
+    the axes, and one colour bar: all panels share its 0..1 scale of attention probability."""
+    n_layer, n_head, count = len(maps), maps[0].size(1), len(labels)
     plt = pyplot()
     # a panel grows with the prompt, but the figure stays within 48 inches a side: image viewers
     # (and Pillow) refuse pictures of hundreds of megapixels; labels only on panels at full size
-    size = min(1.2 + 0.12 * len(ids), 48 / max(n_head, n_layer))
-    ticks, tick_labels = (range(len(ids)), labels) if size >= 1.2 + 0.12 * len(ids) else ([], [])
-    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False)
+    size = min(1.2 + 0.12 * count, 48 / max(n_head, n_layer))
+    ticks, tick_labels = (range(count), labels) if size >= 1.2 + 0.12 * count else ([], [])
+    fig, axes = plt.subplots(n_layer, n_head, figsize=(size * n_head, size * n_layer), squeeze=False,
+                             layout="constrained")
     for layer, weights in enumerate(maps):
         for head in range(n_head):
             ax = axes[layer][head]
-            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
+            image = ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"layer {layer} head {head}", fontsize=8)
             ax.set_xticks(ticks, tick_labels, fontsize=6, rotation=90)
             ax.set_yticks(ticks, tick_labels, fontsize=6)
+    # its width and gap sized by one panel, not by the whole row of them
+    fig.colorbar(image, ax=axes, fraction=0.15 / n_head, pad=0.05 / n_head, shrink=min(1.0, 4 / n_layer),
+                 label="attention probability")
     fig.supxlabel("attended-to character (key)")
     fig.supylabel("attending character (query)")
-    _save(fig, out)
-    return out
+    return fig
 
 
 def _check_picture_name(out: Path) -> None:
@@ -80,7 +94,8 @@ def _check_picture_name(out: Path) -> None:
 def _save(fig, out: Path) -> None:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:     # a constrained layout keeps its colour bar in place
+            fig.tight_layout()
         fig.savefig(out, dpi=100)
     except OSError as e:
         raise UserError(f"the picture {out} cannot be written ({e.strerror})") from None

@@ -75,6 +75,19 @@ def test_an_attention_picture_of_many_heads_and_a_long_prompt_stays_viewable(dat
         assert max(picture.size) <= 4800 and picture.size[0] > 4000     # 48 inches at 100 dpi
 
 
+def test_attention_maps_share_one_colour_bar_of_probabilities():
+    import torch
+    maps = [torch.softmax(torch.randn(1, 3, 5, 5), dim=-1) for _ in range(2)]     # 2 layers of 3 heads
+    fig = figures.attention_maps_figure(maps, list("ROMEO"))
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 6 and len(fig.axes) == 7
+    bars = [image.colorbar for ax in panels for image in ax.images if image.colorbar is not None]
+    assert len(bars) == 1 and bars[0].ax in fig.axes and bars[0].ax not in panels
+    assert (bars[0].vmin, bars[0].vmax) == (0, 1) and bars[0].ax.get_ylabel() == "attention probability"
+    assert all(ax.images[0].get_clim() == (0, 1) for ax in panels)     # one scale for every panel
+    figures.pyplot().close(fig)
+
+
 def test_figures_errors_are_one_line(tmp_path, capsys):
     assert figures.main(["run", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("error: ")

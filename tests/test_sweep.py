@@ -710,11 +710,11 @@ def test_a_sweep_resumes_a_stopped_run_it_started(no_estimate, data_dir, tmp_pat
     assert "resuming" in (run / "log.txt").read_text()
 
 
-def test_up_to_40_plotted_settings_each_get_their_own_colour_and_style():
-    styles = plots._styles(45)
-    assert len(set(styles)) == 40                       # 10 hues x 4 line styles, then round again
-    assert len({colour for colour, _ in styles[:10]}) == 10
-    assert styles[40] == styles[0]
+def test_plotted_settings_never_share_a_colour():
+    import matplotlib
+    assert plots._colours(4) == list(matplotlib.colormaps["tab10"].colors[:4])
+    for n in (10, 16, 45):
+        assert len(set(plots._colours(n))) == n
 
 
 @pytest.mark.parametrize("code, status", [(0, "finished"), (DIVERGED_EXIT, "diverged")])
@@ -826,8 +826,101 @@ def test_the_diagnostics_picture_marks_whole_blocks_only(tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
     final = {"block_grad_norm": [1.0, 0.5], "block_update_ratio": [1e-3, 2e-3], "block_rms": [1.0, 2.0],
              "block_pos_sim": [0.5, 0.4]}
-    rows = [{"_setting": "a", "_short": "a", "_axes": "x", "seed": s, "status": "finished", "diverged": False,
+    rows = [{"_setting": "x=a", "_values": {"x": "a"}, "seed": s, "status": "finished", "diverged": False,
              "_evals": [final]} for s in (1, 2)]
     plots.plot_diagnostics(rows, tmp_path / "d.png")
     ticks = [t for ax in saved[0].axes for t in ax.get_xticks() if 0 <= t <= 1]
     assert ticks and all(t == int(t) for t in ticks)
+
+
+NORM_STUDY = {"norm_placement": ["pre", "post"], "residual": ["true", "false"], "learning_rate": ["0.001", "0.005"],
+              "warmup_iters": ["100", "0"]}
+
+
+def grid_rows(axes: dict[str, list[str]], seeds: int = 3) -> list[dict]:
+    """Rows as report.collect makes them, of a grid whose settings end 0.03 apart (those with
+    residual=false stuck at the unigram level, 3.35), each run evaluated 5 times from 4.2 down."""
+    import itertools
+    rows = []
+    for i, values in enumerate(itertools.product(*axes.values())):
+        setting = dict(zip(axes, values))
+        end = 3.35 if setting.get("residual") == "false" else 2.1 + 0.03 * i
+        for seed in range(seeds):
+            evals = [{"iter": it, "val_loss": end + 0.004 * seed + (4.2 - end) * math.exp(-it / 60),
+                      "unigram_loss": 3.35} for it in range(0, 500, 100)]
+            evals[-1].update(block_grad_norm=[1.0 + i, 0.5], block_update_ratio=[1e-3, 2e-3 + i * 1e-4],
+                             block_rms=[1.0, 2.0 + i], block_pos_sim=[0.5, 0.4 - 0.01 * i])
+            rows.append({**setting, "seed": seed, "status": "finished", "diverged": False, "_evals": evals,
+                         "final_val_loss": evals[-1]["val_loss"], "_values": setting,
+                         "_setting": grid.setting_label(setting)})
+    return rows
+
+
+def setting_lines(ax) -> list:
+    return [line for line in ax.lines if line.get_label() != "unigram level"]
+
+
+def test_a_grid_of_16_settings_is_drawn_in_one_row_of_panels_per_value_of_one_option():
+    from matplotlib.colors import to_rgba
+    rows = grid_rows(NORM_STUDY)
+    assert plots.split_by(rows) == "residual"           # its values' final losses differ most
+    fig = plots.curves_figure(rows)
+    assert len(fig.axes) == 4                           # per value: the curves and the final losses
+    for (curves, finals), value in zip(zip(fig.axes[::2], fig.axes[1::2]), ("true", "false")):
+        panel = [r for r in rows if r["residual"] == value]
+        assert curves.get_title().startswith(f"residual={value}: ")
+        lines = setting_lines(curves)
+        assert len(lines) == 8 and len({to_rgba(line.get_color()) for line in lines}) == 8
+        legend = finals.get_legend()
+        assert legend.get_title().get_text() == "norm_placement, learning_rate, warmup_iters"
+        texts = [t.get_text() for t in legend.get_texts()]
+        assert texts[0] == "pre, 0.001, 100" and not any("residual" in t or value in t.split(", ") for t in texts)
+        # a point per seed for each setting, and a bar at each setting's mean
+        seeds = [line for line in finals.lines if line.get_marker() == "o"]
+        assert [len(line.get_xdata()) for line in seeds] == [3] * 8
+        assert sum(line.get_marker() == "_" for line in finals.lines) == 8
+        # zoomed to the last losses: the early ones (4.2 at iteration 0) are above the view
+        ends = [r["final_val_loss"] for r in panel]
+        span = max(max(ends) - min(ends), 0.02 * max(ends))     # a range of at least 2% of the loss
+        bottom, top = curves.get_ylim()
+        assert min(ends) - 0.1 * span <= bottom <= min(ends) and max(ends) < top <= min(ends) + 1.35 * span < 4
+        bottom, top = finals.get_ylim()
+        assert min(ends) - 0.1 * span <= bottom < min(ends) and max(ends) < top <= min(ends) + 1.15 * span
+    # the unigram level is drawn where the zoom holds it, else the title says where it is
+    assert "unigram level 3.35 is above the view" in fig.axes[1].get_title()
+    assert "clipped above" in fig.axes[0].get_title()
+    assert [line.get_label() for line in fig.axes[2].lines].count("unigram level") == 1
+
+
+def test_a_grid_of_few_settings_is_one_row_whose_legend_names_what_varies():
+    from matplotlib.colors import to_rgba
+    rows = grid_rows({"dropout": ["0.0"], "residual": ["true", "false"], "n_layer": ["1", "2"]}, seeds=2)
+    fig = plots.curves_figure(rows)
+    assert len(fig.axes) == 2 and plots.split_by(rows) is None
+    assert len({to_rgba(line.get_color()) for line in setting_lines(fig.axes[0])}) == 4
+    legend = fig.axes[1].get_legend()
+    assert legend.get_title().get_text() == "residual, n_layer"     # dropout is the same everywhere
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert texts == ["true, 1", "true, 2", "false, 1", "false, 2", "unigram level"]    # within the zoom
+    assert [len(line.get_xdata()) for line in fig.axes[1].lines if line.get_marker() == "o"] == [2] * 4
+    # more than 6 settings of one option alone: one panel, every colour its own
+    rows = grid_rows({"learning_rate": [str(i) for i in range(12)]}, seeds=1)
+    fig = plots.curves_figure(rows)
+    assert len(fig.axes) == 2 and len({to_rgba(line.get_color()) for line in setting_lines(fig.axes[0])}) == 12
+
+
+def test_the_diagnostics_of_16_settings_fit_a_page_with_one_legend_off_the_data():
+    from matplotlib.colors import to_rgba
+    fig = plots.diagnostics_figure(grid_rows(NORM_STUDY))
+    assert len(fig.axes) == 4 and {ax.get_subplotspec().get_geometry()[:2] for ax in fig.axes} == {(2, 2)}
+    width, height = fig.get_size_inches()
+    assert width <= 11 and height <= 11 and min(width, height) <= 8.5
+    for ax in fig.axes:
+        assert len({to_rgba(line.get_color()) for line in ax.lines}) == len(ax.lines) == 16
+        assert ax.get_legend() is None
+    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == 16
+    fig.draw_without_rendering()
+    legend = fig.legends[0].get_window_extent()
+    assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
+    # the split's values by line style, each setting by colour
+    assert {line.get_linestyle() for line in fig.axes[0].lines} == {"-", "--"}

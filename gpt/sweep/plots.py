@@ -1,87 +1,229 @@
-"""A sweep's figures: validation curves per setting with their seed bands, and the per-block diagnostics."""
+"""A sweep's figures: each setting's validation curve and final losses, and its per-block diagnostics."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..figures import pyplot
-from .grid import by_setting, drawn
+from .grid import by_setting, counted, drawn
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+MAX_SETTINGS = 6    # settings one panel compares; a grid of more is drawn as small multiples
+LINES = (("-", "solid"), ("--", "dashed"), (":", "dotted"), ("-.", "dash-dot"))
 
 
-def _styles(n: int):
-    """A colour and line style for each of n settings: 10 hues, solid, then dashed, dotted and
-    dash-dotted. (tab20 would pair each hue with its light shade, so two settings that share
-    nothing would look like one family.)"""
+def _colours(n: int) -> list:
+    """n distinct colours: tab10's, then (up to 20) tab20's, each hue in a dark and a light
+    shade, then n hues spread along turbo."""
     import matplotlib
-    colours = matplotlib.colormaps["tab10"].colors
-    lines = ("-", "--", ":", "-.")
-    return [(colours[i % 10], lines[i // 10 % 4]) for i in range(n)]
+    if n <= 10:
+        return list(matplotlib.colormaps["tab10"].colors[:n])
+    if n <= 20:
+        return list(matplotlib.colormaps["tab20"].colors[:n])
+    return [matplotlib.colormaps["turbo"](i / (n - 1)) for i in range(n)]
 
 
-def _legend(ax, rows: list[dict]) -> None:
-    if not ax.get_legend_handles_labels()[0]:       # nothing was drawn: no run has results
-        return
-    ax.legend(fontsize=7, title=rows[0]["_axes"], title_fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+def _last(row: dict) -> float:
+    return row["_evals"][-1]["val_loss"] if row["_evals"] else math.nan
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a band."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(10, 5))
-    groups = by_setting(rows)
-    for (label, group), (colour, style) in zip(groups.items(), _styles(len(groups))):
+def _options(rows: list[dict]) -> dict[str, list[str]]:
+    """Each swept option's values among these rows, in the sweep's order."""
+    options = {}
+    for row in rows:
+        for name, value in row["_values"].items():
+            values = options.setdefault(name, [])
+            if value not in values:
+                values.append(value)
+    return options
+
+
+def _varying(settings: list[list[dict]]) -> list[str]:
+    """The options whose value differs between these settings (each the rows of its runs)."""
+    return [name for name, values in _options([g[0] for g in settings]).items() if len(values) > 1]
+
+
+def split_by(rows: list[dict]) -> str | None:
+    """The option whose values split a grid of more than MAX_SETTINGS settings into panels, or
+    None. Of the options with at most MAX_SETTINGS values (so the panels stay few), the one whose
+    values' mean last val losses differ most: each panel then holds settings close together, and
+    its own zoom shows their differences. On a tie (no results yet), the one with fewest values,
+    then the first swept. A grid sweeping one option alone is not split."""
+    settings = list(by_setting(rows).values())
+    varying = _varying(settings)
+    if len(settings) <= MAX_SETTINGS or len(varying) < 2:
+        return None
+    options = {name: values for name, values in _options(rows).items() if name in varying}
+    few = [name for name in varying if len(options[name]) <= MAX_SETTINGS]
+    if not few:
+        few = [min(varying, key=lambda name: len(options[name]))]
+
+    def spread(name: str) -> float:
+        means = []
+        for value in options[name]:
+            finals = [_last(r) for r in drawn(rows) if r["_values"][name] == value and math.isfinite(_last(r))]
+            means += [statistics.fmean(finals)] if finals else []
+        return max(means) - min(means) if len(means) > 1 else 0.0
+    return max(few, key=lambda name: (spread(name), -len(options[name])))   # max keeps the first of equals
+
+
+def panels(rows: list[dict]) -> tuple[str | None, dict[str, list[list[dict]]]]:
+    """split_by's option, and the settings (each the rows of its runs) of each panel by the
+    panel's name: option=value, or "" for a single panel of all settings."""
+    option = split_by(rows)
+    out = {}
+    for group in by_setting(rows).values():
+        out.setdefault(f"{option}={group[0]['_values'][option]}" if option else "", []).append(group)
+    return option, out
+
+
+def _labels(settings: list[list[dict]]) -> tuple[str, list[str]]:
+    """A legend's title and entries: the options that vary among these settings, and their values."""
+    names = _varying(settings)
+    if not names:       # one setting: it names itself
+        return "", [g[0]["_setting"] for g in settings]
+    return ", ".join(names), [", ".join(g[0]["_values"][n] for n in names) for g in settings]
+
+
+def _zoom(ax: Axes, low: float, high: float, headroom: float, peak: float, unigram: float | None) -> str:
+    """Set ax's y axis from low over a span of high - low (or 2% of the loss, if more), with 5%
+    of the span below and `headroom` of it above; draw the unigram level where it falls inside.
+    Returns what lies outside, for the title."""
+    # at least 2% of the loss: differences far below it are noise, not worth the whole height
+    span = max(high - low, 0.02 * abs(high), 1e-3)
+    bottom, top = low - 0.05 * span, low + (1 + headroom) * span
+    ax.set_ylim(bottom, top)
+    notes = [f"clipped above {top:.2f} (earlier losses reach {peak:.2f})"] if peak > top else []
+    if unigram is not None and bottom <= unigram <= top:
+        ax.axhline(unigram, color="black", ls=":", label="unigram level")     # no setting's colour
+    elif unigram is not None:
+        notes.append(f"unigram level {unigram:.2f} is {'above' if unigram > top else 'below'} the view")
+    return "; ".join(notes)
+
+
+def _curves(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], unigram: float | None) -> str:
+    """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a
+    band; y from the lowest loss to a little above the highest last one. Returns the zoom's note."""
+    lows, highs, ends = [], [], []
+    for group, colour, label in zip(settings, colours, labels):
         by_iter = {}
         for row in drawn(group):
             for e in row["_evals"]:
-                by_iter.setdefault(e["iter"], []).append(e["val_loss"])
+                if math.isfinite(e["val_loss"]):
+                    by_iter.setdefault(e["iter"], []).append(e["val_loss"])
         if not by_iter:
             continue
         iters = sorted(by_iter)
-        mean = [statistics.fmean(by_iter[i]) for i in iters]
-        ax.plot(iters, mean, style, color=colour, label=group[0]["_short"])
+        ax.plot(iters, [statistics.fmean(by_iter[i]) for i in iters], color=colour, label=label)
+        low, high = [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters]
         if max(len(by_iter[i]) for i in iters) > 1:
-            ax.fill_between(iters, [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters],
-                            color=colour, alpha=0.2)
-    unigram = [e["unigram_loss"] for row in rows for e in row["_evals"][-1:] if "unigram_loss" in e]
-    if unigram:
-        ax.axhline(unigram[0], color="black", ls=":", label="unigram level")   # no setting's style
+            ax.fill_between(iters, low, high, color=colour, alpha=0.2)
+        lows += low
+        highs += high
+        ends += [_last(r) for r in drawn(group) if math.isfinite(_last(r))]
     ax.set_xlabel("iteration")
     ax.set_ylabel("val loss")
-    ax.set_title("val loss: mean over seeds, band = min..max")
-    _legend(ax, rows)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    if not lows:
+        return "no results yet"
+    return _zoom(ax, min(lows), max(ends, default=max(highs)), 0.3, max(highs), unigram)
+
+
+def _finals(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], unigram: float | None) -> str:
+    """Each setting's final val loss: a point per finished seed, a bar at their mean; y zoomed to
+    the points. Returns the zoom's note."""
+    points = []
+    for x, (group, colour) in enumerate(zip(settings, colours)):
+        finals = [_last(r) for r in counted(group) if math.isfinite(_last(r))]
+        if not finals:
+            continue
+        # the seeds side by side, so that equal losses do not hide one another
+        offsets = [0.4 * (i / (len(finals) - 1) - 0.5) if len(finals) > 1 else 0.0 for i in range(len(finals))]
+        ax.plot([x + o for o in offsets], finals, "o", color=colour, ms=5, alpha=0.8)
+        ax.plot([x], [statistics.fmean(finals)], "_", color=colour, ms=22, mew=2)
+        points += finals
+    ax.set_xticks(range(len(settings)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_xlim(-0.6, len(settings) - 0.4)
+    ax.set_ylabel("final val loss")
+    ax.grid(alpha=0.3, axis="y")
+    return _zoom(ax, min(points), max(points), 0.1, max(points), unigram) if points else "no finished run yet"
+
+
+def curves_figure(rows: list[dict]) -> Figure:
+    """One row of two panels per panel of `panels` (one per value of split_by's option once the
+    grid has more than MAX_SETTINGS settings): the val curves, and each setting's final losses.
+    Within a row colours do not repeat, the legend names only the options varying there, and
+    each row has its own y zoom (what it clips is in its titles)."""
+    from matplotlib.figure import Figure
+    option, split = panels(rows)
+    count = max(len(split), 1)      # a sweep.json edited to an empty axis has no setting at all
+    fig = Figure(figsize=(13, 1 + 3.6 * count), layout="constrained")
+    grid = fig.subplots(count, 2, squeeze=False, width_ratios=(3, 2))
+    unigram = next((row["_evals"][-1]["unigram_loss"] for row in rows
+                    if row["_evals"] and "unigram_loss" in row["_evals"][-1]), None)
+    for (name, settings), (curve_ax, final_ax) in zip(split.items(), grid):
+        colours = _colours(len(settings))
+        title, labels = _labels(settings)
+        note = _curves(curve_ax, settings, colours, labels, unigram)
+        curve_ax.set_title(f"{name + ': ' if name else ''}val loss, mean over seeds, band = min..max"
+                           + (f"\n{note}" if note else ""), fontsize=9)
+        note = _finals(final_ax, settings, colours, labels, unigram)
+        final_ax.set_title(f"{name + ': ' if name else ''}final val loss, a point per seed, bar = mean"
+                           + (f"\n{note}" if note else ""), fontsize=9)
+        if curve_ax.get_legend_handles_labels()[0]:     # nothing drawn: no run has results
+            final_ax.legend(*curve_ax.get_legend_handles_labels(), fontsize=7, title=title, title_fontsize=7,
+                            loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    if option:
+        fig.suptitle(f"one row per value of {option}, the option whose values' final losses differ most",
+                     fontsize=10)
+    return fig
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    curves_figure(rows).savefig(path, dpi=110)
 
 
 DIAGNOSTICS = (("block_grad_norm", "gradient norm", True), ("block_update_ratio", "update / weight", True),
                ("block_rms", "residual stream RMS", True), ("block_pos_sim", "position similarity", False))
 
 
-def plot_diagnostics(rows: list[dict], path: Path) -> None:
-    """Per block, each diagnostic at the final evaluation, mean over seeds: one line per setting."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(DIAGNOSTICS), figsize=(5 * len(DIAGNOSTICS) + 3, 4.5))
-    groups = by_setting(rows)
-    styles = _styles(len(groups))
-    for ax, (key, title, log) in zip(axes, DIAGNOSTICS):
-        for group, (colour, style) in zip(groups.values(), styles):
+def diagnostics_figure(rows: list[dict]) -> Figure:
+    """Per block, each diagnostic at the final evaluation, mean over seeds: one line per setting,
+    in a 2 x 2 grid on a page (10 x 8 inches) with one legend below it. Every panel holds all
+    settings (a split would take four panels per value), so each setting has its own colour;
+    where curves_figure splits the grid, the line style tells split_by's values apart."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(10, 8), layout="constrained")
+    option, split = panels(rows)
+    settings = [group for groups in split.values() for group in groups]
+    styles = [LINES[i % len(LINES)][0] for i, groups in enumerate(split.values()) for _ in groups]
+    title, labels = _labels(settings)
+    for ax, (key, name, log) in zip(fig.subplots(2, 2).flat, DIAGNOSTICS):
+        for group, colour, style, label in zip(settings, _colours(len(settings)), styles, labels):
             values = [r["_evals"][-1][key] for r in drawn(group) if r["_evals"] and key in r["_evals"][-1]]
             if values:
                 mean = [statistics.fmean(v[b] for v in values) for b in range(len(values[0]))]
-                ax.plot(range(len(mean)), mean, "o" + style, color=colour, label=group[0]["_short"])
-        ax.set_title(f"{title} (last eval, mean over seeds)", fontsize=9)
+                ax.plot(range(len(mean)), mean, "o", ls=style, color=colour, label=label)
+        ax.set_title(name, fontsize=9)
         ax.set_xlabel("block")
         ax.xaxis.get_major_locator().set_params(integer=True)   # blocks are whole: no 0.5 tick
         if log:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-    _legend(axes[-1], rows)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    handles = {label: h for ax in fig.axes for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:     # nothing drawn: no run has diagnostics
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=min(4, len(handles)),
+                   fontsize=7, title=title, title_fontsize=7)
+    styled = ", ".join(f"{LINES[i % len(LINES)][1]} {name}" for i, name in enumerate(split))
+    fig.suptitle("at the last evaluation, mean over seeds" + (f"; line style: {styled}" if option else ""),
+                 fontsize=10)
+    return fig
 
 
+def plot_diagnostics(rows: list[dict], path: Path) -> None:
+    diagnostics_figure(rows).savefig(path, dpi=110)

@@ -39,7 +39,8 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
         final = evals[-1] if evals else {}
         speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
         val = final.get("val_loss", math.nan)
-        row = {**{k: as_text(v) for k, v in r.setting.items()}, "seed": r.seed,
+        values = {k: as_text(v) for k, v in r.setting.items()}
+        row = {**values, "seed": r.seed,
                "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val,
                "best_val_loss": min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])),
                                     default=math.nan),
@@ -52,8 +53,7 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
                "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
                            for k, v in record[section].items()},       # the run's settings, in one table
                "_setting": setting_label(r.setting), "_evals": evals, "_folder": r.folder,
-               "_short": ", ".join(as_text(v) for v in r.setting.values()) or "base",
-               "_axes": ", ".join(r.setting) or "setting"}
+               "_values": values}      # the axes' values, for the figures
         rows.append(row)
     return sweep, rows
 
