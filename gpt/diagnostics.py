@@ -7,8 +7,11 @@ it, and how alike its output vectors at different positions are; per head, the e
 attention. `unigram_loss` gives the loss of a model that knows only character frequencies: the
 level a model that learned nothing sits at.
 
-`python -m gpt.diagnostics grad-depth` measures how much gradient reaches the first block of
-freshly initialised models of growing depth, with residuals on and off, pre- and post-norm.
+`python -m gpt.diagnostics grad-depth` measures freshly initialised models of growing depth and
+several widths (head size fixed), with residuals on and off, pre- and post-norm, over several
+seeds: the gradient norm of block 0's parameters, the gradient norm reaching block 0's input (the
+embeddings it receives), and how alike the positions' vectors are after the last block (before
+ln_f), each as its mean and range over seeds.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from .console import interrupt_quietly_while_loading
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
 
+import argparse
 import dataclasses
+import itertools
 import math
 import sys
 
@@ -146,65 +151,160 @@ def measure(model: GPT, x: torch.Tensor, y: torch.Tensor,
     return result
 
 
-def grad_depth(depths=(5, 10, 20, 40), n_embd=64, n_head=4, block_size=64, vocab_size=65,
-               batch_size=8, seed=0) -> list[dict]:
-    """Gradient norm reaching the first block at initialisation, for each depth, residual on/off
-    and pre/post norm. Every model sees the same random batch."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
-    y = torch.randint(vocab_size, (batch_size, block_size), generator=gen)
-    total = device_memory("cpu")
-    shapes = {depth: GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=depth, n_head=n_head,
-                               n_embd=n_embd) for depth in depths}
-    for depth, shape in shapes.items():     # each model is built while the last one still lives
-        need = 8 * shape.num_params()
-        if total is not None and need > total:
-            raise UserError(f"--depths: a model of depth {depth} needs at least {need / 2**30:,.1f} GiB (8 "
-                            f"bytes a parameter), more than the {total / 2**30:,.1f} GiB here; lower it or "
-                            "--n_embd")
+# grad-depth's measures: key in its rows, column heading, number format
+GRAD_DEPTH_MEASURES = (("block0_grad_norm", "grad of block 0's params", ".2e"),
+                       ("input_grad_norm", "grad at block 0's input", ".2e"),
+                       ("last_pos_sim", "similarity after last block", ".2f"))
+
+
+def init_measures(model: GPT, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """On batch (x, y): the gradient norm of block 0's parameters, the norm of the gradient
+    reaching block 0's input (the embeddings after dropout), and position_similarity of the last
+    block's output (before ln_f, which post-norm does not have)."""
+    blocks = model.transformer.h
+    seen = {}
+
+    def keep_input(module, args):
+        seen["input"] = args[0]
+
+    def keep_output(module, args, output):
+        seen["last"] = output
+
+    hooks = [blocks[0].register_forward_pre_hook(keep_input), blocks[-1].register_forward_hook(keep_output)]
+    try:
+        _, loss = model(x, y)
+    finally:
+        for h in hooks:
+            h.remove()
+    input_grad, *param_grads = torch.autograd.grad(loss, [seen["input"], *blocks[0].parameters()])
+    return {"block0_grad_norm": math.sqrt(sum((g.double() ** 2).sum().item() for g in param_grads)),
+            "input_grad_norm": input_grad.double().norm().item(),
+            "last_pos_sim": position_similarity(seen["last"].detach())}
+
+
+def aggregate_seeds(rows: list[dict]) -> list[dict]:
+    """One row per setting (every key but "seed" and the measures), in first-seen order, with
+    the seeds it was measured at and, per measure, the mean, min, max and per-seed values."""
+    measures = [key for key, _, _ in GRAD_DEPTH_MEASURES]
+    groups = {}
+    for r in rows:
+        setting = tuple((k, v) for k, v in r.items() if k != "seed" and k not in measures)
+        groups.setdefault(setting, []).append(r)
+    out = []
+    for setting, group in groups.items():
+        row = dict(setting, seeds=[r["seed"] for r in group])
+        for key in measures:
+            values = [r[key] for r in group]
+            row[key] = {"mean": sum(values) / len(values), "min": min(values), "max": max(values),
+                        "per_seed": values}
+        out.append(row)
+    return out
+
+
+def grad_depth_shapes(depths, widths, head_size: int, block_size: int, vocab_size: int) -> dict:
+    """The GPTConfig of each (depth, width), heads = width / head_size; refuses, before any model
+    is built, a width head_size does not divide and a largest model beyond the machine's memory."""
+    for width in widths:
+        if width % head_size:
+            raise UserError(f"--widths: width {width} is not a multiple of --head_size={head_size}; "
+                            "pick widths that are, or another head size")
+    shapes = {(d, w): GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=d,
+                                n_head=w // head_size, n_embd=w) for d in depths for w in widths}
+    largest = shapes[(max(depths), max(widths))]
+    need, total = 8 * largest.num_params(), device_memory("cpu")
+    if total is not None and need > total:     # each model is built while the last one still lives
+        raise UserError(f"--depths, --widths: the largest model (depth {largest.n_layer}, width "
+                        f"{largest.n_embd}) needs at least {need / 2**30:,.1f} GiB (8 bytes a parameter), "
+                        f"more than the {total / 2**30:,.1f} GiB here; lower them")
+    return shapes
+
+
+def grad_depth(depths=(5, 10, 20, 40), widths=(64, 128, 256), head_size=16, seeds=(0, 1, 2),
+               block_size=64, vocab_size=65, batch_size=8) -> list[dict]:
+    """init_measures at each depth, width, residual on/off and pre/post norm, over seeds,
+    aggregated by aggregate_seeds. A seed fixes the weights and one random batch, which every
+    model of that seed sees."""
+    shapes = grad_depth_shapes(depths, widths, head_size, block_size, vocab_size)
+    batches = {}
+    for seed in seeds:
+        gen = torch.Generator().manual_seed(seed)
+        batches[seed] = (torch.randint(vocab_size, (batch_size, block_size), generator=gen),
+                         torch.randint(vocab_size, (batch_size, block_size), generator=gen))
+    settings = list(itertools.product(shapes, (True, False), ("pre", "post"), seeds))
     rows = []
-    for depth in depths:
-        for residual in (True, False):
-            for placement in ("pre", "post"):
-                torch.manual_seed(seed)
-                model = GPT(dataclasses.replace(shapes[depth], residual=residual, norm_placement=placement))
-                _, loss = model(x, y)
-                first = list(model.transformer.h[0].parameters())
-                grads = torch.autograd.grad(loss, first)
-                norm = math.sqrt(sum((g.double() ** 2).sum().item() for g in grads))
-                rows.append({"depth": depth, "residual": residual, "norm_placement": placement,
-                             "grad_norm": norm})
-    return rows
+    with progress(len(settings), "measuring models at initialisation", "models") as bar:
+        for (depth, width), residual, placement, seed in settings:
+            torch.manual_seed(seed)
+            model = GPT(dataclasses.replace(shapes[(depth, width)], residual=residual,
+                                            norm_placement=placement))
+            rows.append({"depth": depth, "width": width, "residual": residual, "norm_placement": placement,
+                         "seed": seed, **init_measures(model, *batches[seed])})
+            bar.update()
+    return aggregate_seeds(rows)
+
+
+def positive_ints(parser: Parser, option: str, text: str) -> list[int]:
+    """A comma-separated option's values, or the parser's one-line error."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        parser.error(f"{option} {text!r} should be integers separated by commas")
+    if min(values) < 1:
+        parser.error(f"{option} must be positive")
+    return values
+
+
+def print_grad_depth(rows: list[dict], seeds: list[int], head_size: int) -> None:
+    count = f"{len(seeds)} seeds" if len(seeds) > 1 else "1 seed"
+    print(f"at initialisation, mean (min..max) over {count} ({seeds[0]}..{seeds[-1]}); "
+          f"head size {head_size} (heads = width / {head_size})")
+    print(f"{'depth':>5}  {'width':>5}  {'residual':>8}  {'norm':>4}"
+          + "".join(f"  {label:>29}" for _, label, _ in GRAD_DEPTH_MEASURES))
+    for r in rows:
+        cells = (f"{r[key]['mean']:{fmt}} ({r[key]['min']:{fmt}}..{r[key]['max']:{fmt}})"
+                 for key, _, fmt in GRAD_DEPTH_MEASURES)
+        print(f"{r['depth']:>5}  {r['width']:>5}  {str(r['residual']):>8}  {r['norm_placement']:>4}"
+              + "".join(f"  {cell:>29}" for cell in cells))
+
+
+# options grad-depth no longer takes, and what replaced them
+REPLACED = {"--n_embd": "--widths, a comma-separated list of widths",
+            "--n_head": "--head_size (heads = width / head_size)"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m gpt.diagnostics")
     sub = parser.add_subparsers(dest="command", required=True)
-    gd = sub.add_parser("grad-depth", help="gradient reaching the first block vs depth, at init")
+    gd = sub.add_parser("grad-depth", help="gradients and position similarity vs depth and width, at init")
     gd.add_argument("--depths", default="5,10,20,40", help="comma-separated depths")
-    gd.add_argument("--n_embd", type=int, default=64, help="width of the model")
-    gd.add_argument("--n_head", type=int, default=4, help="attention heads; they divide n_embd")
-    gd.add_argument("--seed", type=int, default=0)
+    gd.add_argument("--widths", default="64,128,256", help="comma-separated widths (n_embd)")
+    gd.add_argument("--head_size", type=int, default=16, help="width of each head, the same at every width")
+    gd.add_argument("--seeds", type=int, default=3, help="how many seeds, from --seed upward")
+    gd.add_argument("--seed", type=int, default=0, help="the first seed")
     gd.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    for old in REPLACED:
+        gd.add_argument(old, help=argparse.SUPPRESS)   # to say what replaced it, not "unrecognized"
     args = parser.parse_args(argv)
+    for old, new in REPLACED.items():
+        if getattr(args, old[2:]) is not None:
+            gd.error(f"{old} is replaced by {new}")
+    depths = positive_ints(gd, "--depths", args.depths)
+    widths = positive_ints(gd, "--widths", args.widths)
+    for option in ("head_size", "seeds"):
+        if getattr(args, option) < 1:
+            gd.error(f"--{option} must be positive")
+    seeds = list(range(args.seed, args.seed + args.seeds))
     try:
-        depths = [int(d) for d in args.depths.split(",")]
-    except ValueError:
-        gd.error(f"--depths {args.depths!r} should be integers separated by commas")
-    if min(depths) < 1:
-        gd.error("--depths must be positive")
-    try:
-        check_seed(args.seed)
-        with out_of_memory_in_one_line("lower --n_embd or the --depths"):
-            rows = grad_depth(depths, n_embd=args.n_embd, n_head=args.n_head, seed=args.seed)
+        check_seed(seeds[0])
+        check_seed(seeds[-1])
+        with out_of_memory_in_one_line("lower --widths or the --depths"):
+            rows = grad_depth(depths, widths, head_size=args.head_size, seeds=seeds)
     except UserError as e:
         gd.error(str(e))
     if args.json:
         print(to_json(rows))
-        return 0
-    print(f"{'depth':>5}  {'residual':>8}  {'norm':>4}  {'grad norm at block 0':>20}")
-    for r in rows:
-        print(f"{r['depth']:>5}  {str(r['residual']):>8}  {r['norm_placement']:>4}  {r['grad_norm']:>20.3e}")
+    else:
+        print_grad_depth(rows, seeds, args.head_size)
     return 0
 
 

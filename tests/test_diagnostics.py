@@ -10,8 +10,9 @@ import torch
 
 from gpt import diagnostics
 from gpt.config import GPTConfig
-from gpt.diagnostics import (attention_entropy, grad_depth, main as diagnostics_main, measure,
-                             position_similarity, unigram_loss, update_ratios, whole_split_loss)
+from gpt.diagnostics import (aggregate_seeds, attention_entropy, grad_depth, init_measures,
+                             main as diagnostics_main, measure, position_similarity, unigram_loss,
+                             update_ratios, whole_split_loss)
 from gpt.model import GPT
 from gpt.cpu.optim import AdamW
 
@@ -76,25 +77,105 @@ def test_update_ratio_after_one_adam_step():
     assert update_ratios([block], opt)[0] == pytest.approx(1e-2 * update / weights, rel=1e-4)
 
 
-def test_grad_depth_rows_and_the_residual_path():
-    rows = grad_depth(depths=(2, 12), n_embd=16, block_size=8, batch_size=2)
-    assert len(rows) == 8 and all(r["grad_norm"] > 0 for r in rows)
-    norm = {(r["depth"], r["residual"], r["norm_placement"]): r["grad_norm"] for r in rows}
-    # with residuals and pre-norm, the identity path carries the gradient down undiminished
-    assert norm[(12, True, "pre")] > 0.1 * norm[(2, True, "pre")]
+def test_aggregate_seeds_gives_mean_min_max_per_setting():
+    def row(depth, seed, grad, inp, sim):
+        return {"depth": depth, "width": 8, "residual": True, "norm_placement": "pre", "seed": seed,
+                "block0_grad_norm": grad, "input_grad_norm": inp, "last_pos_sim": sim}
+    rows = [row(2, 0, 1.0, 0.5, 0.25), row(3, 0, 7.0, 7.0, 7.0), row(2, 1, 2.0, 0.25, -0.5),
+            row(2, 2, 6.0, 2.25, 1.0)]
+    first, second = aggregate_seeds(rows)
+    assert {k: first[k] for k in ("depth", "width", "residual", "norm_placement", "seeds")} == {
+        "depth": 2, "width": 8, "residual": True, "norm_placement": "pre", "seeds": [0, 1, 2]}
+    assert first["block0_grad_norm"] == {"mean": 3.0, "min": 1.0, "max": 6.0, "per_seed": [1.0, 2.0, 6.0]}
+    assert first["input_grad_norm"] == {"mean": 1.0, "min": 0.25, "max": 2.25, "per_seed": [0.5, 0.25, 2.25]}
+    assert first["last_pos_sim"] == {"mean": 0.25, "min": -0.5, "max": 1.0, "per_seed": [0.25, -0.5, 1.0]}
+    assert second["seeds"] == [0] and second["last_pos_sim"] == {"mean": 7.0, "min": 7.0, "max": 7.0,
+                                                                 "per_seed": [7.0]}
 
 
-def test_grad_depth_command_prints_json(capsys):
-    assert diagnostics_main(["grad-depth", "--depths=2,3", "--n_embd=16", "--json"]) == 0
+def test_init_measures_takes_the_gradient_at_block_0s_input_and_the_last_blocks_output():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, n_embd=8))
+    x, y = torch.randint(11, (2, 8)), torch.randint(11, (2, 8))
+    got = init_measures(model, x, y)
+    # the same model run by hand from a leaf tensor standing for the embeddings
+    emb = (model.transformer.wte(x) + model.transformer.wpe(torch.arange(8))).detach().requires_grad_()
+    first = model.transformer.h[0](emb)
+    last = model.transformer.h[1](first)
+    logits = model.lm_head(model.transformer.ln_f(last))
+    loss = torch.nn.functional.cross_entropy(logits.view(-1, 11), y.view(-1))
+    input_grad, *param_grads = torch.autograd.grad(loss, [emb, *model.transformer.h[0].parameters()])
+    assert got["input_grad_norm"] == pytest.approx(input_grad.norm().item(), rel=1e-5)
+    assert got["block0_grad_norm"] == pytest.approx(
+        math.sqrt(sum(g.pow(2).sum().item() for g in param_grads)), rel=1e-5)
+    assert got["last_pos_sim"] == pytest.approx(position_similarity(last.detach()), rel=1e-5)
+    assert got["last_pos_sim"] != pytest.approx(position_similarity(first.detach()), rel=1e-3)
+
+
+def test_grad_depth_without_residuals_starves_block_0_and_makes_positions_alike():
+    rows = grad_depth(depths=(2, 12), widths=(16,), head_size=8, seeds=(0,), block_size=8, batch_size=2)
+    assert len(rows) == 8
+    at = {(r["depth"], r["residual"], r["norm_placement"]): r for r in rows}
+    inp = {key: r["input_grad_norm"]["mean"] for key, r in at.items()}
+    for placement in ("pre", "post"):
+        # the identity path carries the gradient down undiminished; without it, it dies with depth
+        assert inp[(12, True, placement)] > 0.5 * inp[(2, True, placement)] > 0
+        assert inp[(12, False, placement)] < 1e-3 * inp[(12, True, placement)]
+        # the mechanism: without residuals every position ends up with nearly the same vector
+        sim = {residual: at[(2, residual, placement)]["last_pos_sim"]["mean"] for residual in (True, False)}
+        assert sim[False] > 0.5 > sim[True]
+
+
+def test_grad_depth_command_aggregates_over_widths_and_seeds(capsys):
+    argv = ["grad-depth", "--depths=1,2", "--widths=8,16", "--head_size=4", "--seeds=2"]
+    assert diagnostics_main(argv + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert {(r["depth"], r["residual"], r["norm_placement"]) for r in rows} == {
-        (d, r, p) for d in (2, 3) for r in (True, False) for p in ("pre", "post")}
-    # the heads the error names are an option of the command
-    assert diagnostics_main(["grad-depth", "--depths=2", "--n_embd=18", "--n_head=3", "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)) == 4
+    assert [(r["depth"], r["width"], r["residual"], r["norm_placement"]) for r in rows] == [
+        (d, w, r, p) for d in (1, 2) for w in (8, 16) for r in (True, False) for p in ("pre", "post")]
+    for r in rows:
+        assert r["seeds"] == [0, 1]
+        for key in ("block0_grad_norm", "input_grad_norm", "last_pos_sim"):
+            m = r[key]
+            assert len(m["per_seed"]) == 2 and m["min"] <= m["mean"] <= m["max"]
+            assert m["min"] == min(m["per_seed"]) and m["max"] == max(m["per_seed"])
+    # seeds differ, and a seed alone fixes its measures, whatever the other seeds run
+    one = rows[0]["block0_grad_norm"]["per_seed"]
+    assert one[0] != one[1]
+    assert diagnostics_main(["grad-depth", "--depths=1", "--widths=8", "--head_size=4", "--seed=1",
+                             "--seeds=1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["block0_grad_norm"]["per_seed"] == [one[1]]
+
+
+def test_grad_depth_table_has_a_row_per_setting_with_mean_and_range(capsys):
+    assert diagnostics_main(["grad-depth", "--depths=1", "--widths=8", "--head_size=4", "--seed=3",
+                             "--seeds=2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "at initialisation, mean (min..max) over 2 seeds (3..4); head size 4 (heads = width / 4)"
+    assert lines[1].split()[:4] == ["depth", "width", "residual", "norm"] and len(lines) == 2 + 4
+    sci, fixed = r"\d\.\d\de[+-]\d\d", r"-?\d\.\d\d"
+    for line in lines[2:]:
+        assert re.fullmatch(rf" +1 +8 +(True|False) +(pre|post)( +{sci} \({sci}\.\.{sci}\)){{2}} +"
+                            rf"{fixed} \({fixed}\.\.{fixed}\)", line), line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--widths=64,18", "--head_size=16"],
+     "--widths: width 18 is not a multiple of --head_size=16; pick widths that are, or another head size"),
+    (["--n_embd=64"], "--n_embd is replaced by --widths, a comma-separated list of widths"),
+    (["--n_head=4"], "--n_head is replaced by --head_size (heads = width / head_size)"),
+    (["--widths=8,x"], "--widths '8,x' should be integers separated by commas"),
+    (["--seeds=0"], "--seeds must be positive"),
+    (["--head_size=0"], "--head_size must be positive"),
+    (["--seed=4294967295", "--seeds=2"], "seed=4294967296 must be in [0, 2**32)"),
+])
+def test_grad_depth_refuses_bad_options_in_one_line_before_building_any_model(argv, message, monkeypatch,
+                                                                              capsys):
+    built = []
+    monkeypatch.setattr(diagnostics, "GPT", lambda cfg: built.append(cfg))
     with pytest.raises(SystemExit):
-        diagnostics_main(["grad-depth", "--depths=2", "--n_embd=18"])
-    assert "n_embd=18 is not divisible by n_head=4" in capsys.readouterr().err
+        diagnostics_main(["grad-depth", "--depths=1", *argv])
+    assert capsys.readouterr().err == f"error: {message} (see python -m gpt.diagnostics grad-depth --help)\n"
+    assert built == []
 
 
 def test_grad_depth_refuses_a_depth_beyond_memory_before_building_any_model(monkeypatch, capsys):
@@ -102,9 +183,10 @@ def test_grad_depth_refuses_a_depth_beyond_memory_before_building_any_model(monk
     monkeypatch.setattr(diagnostics, "GPT", lambda cfg: built.append(cfg))
     with pytest.raises(SystemExit):
         diagnostics_main(["grad-depth", "--depths=2,1000000000"])
-    assert re.fullmatch(r"error: --depths: a model of depth 1000000000 needs at least 372,409.8 GiB \(8 "
-                        r"bytes a parameter\), more than the [\d,.]+ GiB here; lower it or --n_embd "
-                        r"\(see python -m gpt.diagnostics grad-depth --help\)\n", capsys.readouterr().err)
+    # the largest model is the deepest at the widest of the default widths, 256
+    assert re.fullmatch(r"error: --depths, --widths: the largest model \(depth 1000000000, width 256\) needs at "
+                        r"least 5,884,170.5 GiB \(8 bytes a parameter\), more than the [\d,.]+ GiB here; lower "
+                        r"them \(see python -m gpt.diagnostics grad-depth --help\)\n", capsys.readouterr().err)
     assert built == []
 
 

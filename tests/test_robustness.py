@@ -982,8 +982,8 @@ def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypat
                                                    "--out_dir=RUN_DIR (see python -m gpt.figures attention --help)"),
     ("diagnostics", ["grad-depth", "--depths=x"], "--depths 'x' should be integers separated by commas"),
     ("diagnostics", ["grad-depth", "--seed=-1"], "seed=-1 must be in [0, 2**32)"),
-    ("diagnostics", ["grad-depth", "--n_embd=100000000", "--n_head=1", "--depths=1"],
-     "out of memory (an allocation of 2.00 GiB failed); lower --n_embd or the --depths"),
+    ("diagnostics", ["grad-depth", "--widths=100000000", "--head_size=1", "--depths=1", "--seeds=1"],
+     "out of memory (an allocation of 2.00 GiB failed); lower --widths or the --depths"),
     ("prepare", ["--nope"], "unrecognized arguments: --nope (see python data/shakespeare_char/prepare.py --help)"),
 ])
 def test_the_helper_commands_refuse_bad_arguments_in_one_line(command, argv, message, capsys, monkeypatch):
@@ -1075,7 +1075,7 @@ def test_a_long_error_is_cut_between_words_and_a_long_word_kept_in_part():
 
 
 @pytest.mark.parametrize("command", ["train.py --help", "sample.py --help",
-                                     "-m gpt.diagnostics grad-depth --depths=1"])
+                                     "-m gpt.diagnostics grad-depth --depths=1 --widths=16 --seeds=1"])
 def test_a_command_whose_output_is_its_product_says_when_it_cannot_write_it(command):
     proc = shell(f"{sys.executable} {command} > /dev/full", buffered=True, stderr=subprocess.PIPE)
     assert proc.returncode == 1
