@@ -19,12 +19,16 @@ LINE = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} {unit} [{elapsed} elapsed
 
 
 def duration(seconds: float) -> str:
-    """Seconds in the words a person reads at a glance: about 12 h 40 min, about 25 min, about 40 s."""
+    """Seconds in the words a person reads at a glance: about 12 h 40 min, about 25 min, about
+    1 min 30 s (to 10 s below 10 minutes), about 40 s."""
     if seconds >= 3600 - 30:
         hours, minutes = divmod(round(seconds / 60), 60)
         return f"about {hours} h {minutes} min"
-    if seconds >= 60:
+    if seconds >= 600 - 30:
         return f"about {round(seconds / 60)} min"
+    if seconds >= 60 - 5:
+        minutes, tens = divmod(round(seconds / 10), 6)
+        return f"about {minutes} min" + (f" {10 * tens} s" if tens else "")
     return f"about {max(1, round(seconds))} s"
 
 

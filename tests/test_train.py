@@ -619,9 +619,11 @@ def test_compile_with_medium_is_refused_only_where_attention_would_round(monkeyp
 
 def test_durations_read_at_a_glance():
     from gpt.progress import duration
-    assert [duration(s) for s in (0.2, 40, 59.4, 60, 25 * 60, 3599, 12 * 3600 + 40 * 60, 46 * 3600 + 52.6 * 60)] == [
-        "about 1 s", "about 40 s", "about 59 s", "about 1 min", "about 25 min", "about 1 h 0 min",
-        "about 12 h 40 min", "about 46 h 53 min"]
+    assert [duration(s) for s in (0.2, 40, 54.4, 56, 60, 86, 119, 9 * 60 + 24, 9 * 60 + 35, 25 * 60, 3599,
+                                  12 * 3600 + 40 * 60, 46 * 3600 + 52.6 * 60)] == [
+        "about 1 s", "about 40 s", "about 54 s", "about 1 min", "about 1 min", "about 1 min 30 s", "about 2 min",
+        "about 9 min 20 s", "about 10 min", "about 25 min", "about 1 h 0 min", "about 12 h 40 min",
+        "about 46 h 53 min"]
 
 
 def test_the_evaluations_left_count_the_end_and_skip_one_already_made():

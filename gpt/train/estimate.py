@@ -111,7 +111,8 @@ def say(run: Run, all_threads, stopped) -> None:
         total = run_seconds(cfg, steps, evaluations, step, batch)
         print(f"estimated time: {duration(total)} for {steps:,} step{'s' * (steps != 1)} and {evaluations} "
               f"evaluation{'s' * (evaluations != 1)} ({step * 1000:,.0f} ms a step, "
-              f"{duration(run_seconds(cfg, 0, 1, step, batch)).removeprefix('about ')} an evaluation)", flush=True)
+              f"{duration(run_seconds(cfg, 0, 1, step, batch)).removeprefix('about ')} an evaluation"
+              f"{', timed without compiling' if cfg.compile else ''})", flush=True)
         if torch.device(run.device).type == "cpu" and total > GPU_SIZED_S and not stopped():
             recipe = cpu_recipe_seconds(run.device)
             print(f"this run is sized for a GPU; on this CPU, python train.py --config {CPU_RECIPE} trains "
