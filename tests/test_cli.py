@@ -42,6 +42,17 @@ def test_every_shipped_config_loads(name):
             build(TrainConfig, {**values, axis: option})
 
 
+def test_each_study_at_its_second_size_is_the_study_with_only_the_size_changed():
+    wide = [name for name in available_configs() if name.startswith("sweeps/wide/")]
+    assert wide
+    for name in wide:
+        values, sweep = read_config_file(name)
+        base_values, base_sweep = read_config_file(name.replace("wide/", ""))
+        changed = {k for k in values.keys() | base_values.keys() if values.get(k) != base_values.get(k)}
+        assert changed == {"n_embd", "block_size", "out_dir"} and sweep == base_sweep, name
+        assert (values["n_embd"], values["block_size"]) == (2 * base_values["n_embd"], 2 * base_values["block_size"])
+
+
 def test_the_config_list_reaches_into_subfolders():
     names = available_configs()
     assert {"shakespeare_char", "shakespeare_char_cpu", "shakespeare_char_fast", "shakespeare",
