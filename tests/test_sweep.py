@@ -718,7 +718,8 @@ def test_plotted_settings_never_share_a_colour():
 
 
 @pytest.mark.parametrize("code, status", [(0, "finished"), (DIVERGED_EXIT, "diverged")])
-def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, data_dir, tmp_path, monkeypatch):
+def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, data_dir, tmp_path, monkeypatch,
+                                                                capsys):
     class Ended:        # a run whose end the sweep had not yet seen when Ctrl-C came
         returncode = code
 
@@ -742,6 +743,7 @@ def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, dat
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1")) == 130
     result = json.loads((out / "n_layer=1__seed=1337" / "result.json").read_text())
     assert (result["status"], result["returncode"]) == (status, code)
+    assert f"[1/1 done] n_layer=1__seed=1337: {status}, " in capsys.readouterr().out    # counted as done
 
 
 def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_path, capsys):

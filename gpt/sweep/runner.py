@@ -159,6 +159,7 @@ def _stop(running: dict, done: int, total: int) -> None:
     for proc, entry in running.items():
         code = proc.wait()
         if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
+            done += 1
             _record(entry, code, done, total)
 
 
