@@ -69,12 +69,7 @@ def step_seconds(run: Run) -> float:
 
     def step():
         for _ in range(local_steps):
-            if run.split:
-                run.split.backward(x[0], y[0], 1 / local_steps)
-            else:
-                with run.autocast:
-                    _, loss = run.raw_model(x[0], y[0])
-                (loss / local_steps).backward()
+            run.backward(run.raw_model, x[0], y[0], local_steps)
         run.optimizer.zero_grad(set_to_none=True)
     return _seconds(step, run.device)
 

@@ -157,13 +157,7 @@ class Loop:
             if run.model_cfg.dropout:   # its masks follow the micro-batch's place in the run
                 torch.manual_seed(dropout_seed(cfg.seed, it * cfg.gradient_accumulation_steps
                                                + run.rank * local_steps + micro))
-            if run.split:
-                loss = run.split.backward(xs[micro], ys[micro], 1 / local_steps)
-            else:
-                with run.autocast:
-                    _, loss = run.model(xs[micro], ys[micro])
-                (loss / local_steps).backward()
-            loss_sum += loss.detach()
+            loss_sum += run.backward(run.model, xs[micro], ys[micro], local_steps).detach()
         stopping = self.stop.signal is not None
         if run.world > 1:   # the stop flag rides along, so every rank stops after the same step
             flags = torch.stack([loss_sum, torch.tensor(float(stopping), device=run.device)])

@@ -62,6 +62,16 @@ class Run:
     def eval_batch(self) -> int:
         return self.cfg.eval_batch_size or self.cfg.batch_size
 
+    def backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, micro_steps: int) -> torch.Tensor:
+        """One of micro_steps micro-batches: forward and backward through model, the gradients
+        divided among them; returns its loss."""
+        if self.split:
+            return self.split.backward(x, y, 1 / micro_steps)
+        with self.autocast:
+            _, loss = model(x, y)
+        (loss / micro_steps).backward()
+        return loss
+
 
 def make_optimizer(model: GPT, cfg: TrainConfig) -> AdamW:
     """Weight decay on matrices and embeddings (dim >= 2), none on biases and norm gains."""
