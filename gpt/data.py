@@ -1,13 +1,16 @@
 """Prepared datasets on disk, and the batch sampler that draws windows from them.
 
 A prepared dataset is a folder with train.bin and val.bin (uint16 token ids) and meta.json,
-which says how to turn text into ids: {"tokenizer": "char", "vocab_size": N, "chars": [...]}
-or {"tokenizer": "tiktoken", "vocab_size": N, "encoding": "gpt2"}, in UTF-8. No pickle anywhere.
+which says how to turn text into ids: {"tokenizer": "char", "vocab_size": N, "chars": [...]},
+{"tokenizer": "byte", "vocab_size": 256} or {"tokenizer": "tiktoken", "vocab_size": N,
+"encoding": "gpt2"}, in UTF-8. No pickle anywhere. A dataset may also hold test.bin, which
+training never reads: only `python -m gpt.evaluate --split=test` does.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,8 @@ def load_meta(folder: Path) -> dict:
         raise UserError(f"cannot read {path}: {e}") from None
     if not valid_meta(meta):
         raise UserError(f"{path} is not a valid dataset description (needs tokenizer, vocab_size and, "
-                        "for 'char', its distinct characters, for 'tiktoken', the encoding's name); "
+                        "for 'char', its distinct characters, for 'byte', 256, for 'tiktoken', the "
+                        "encoding's name); "
                         "prepare the dataset again")
     return meta
 
@@ -41,7 +45,20 @@ def valid_meta(meta) -> bool:
         chars = meta.get("chars")
         return (isinstance(chars, list) and len(chars) == size and len(set(chars)) == size
                 and all(isinstance(c, str) and len(c) == 1 for c in chars))
+    if kind == "byte":
+        return size == 256
     return kind == "tiktoken" and isinstance(meta.get("encoding"), str)
+
+
+def per_character(meta: dict) -> bool:
+    """Whether a token is one character (or one byte), so that loss / ln 2 is bits per character,
+    the unit of the character-level papers; not for BPE, whose tokens span several characters."""
+    return meta.get("tokenizer") in ("char", "byte")
+
+
+def bpc(loss: float) -> float:
+    """Bits per character from a mean loss in nats per character."""
+    return loss / math.log(2)
 
 
 # ---------------------------------------------------------------- batches

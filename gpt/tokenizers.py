@@ -1,4 +1,4 @@
-"""Tokenizers: text to token ids and back, by characters or with tiktoken (GPT-2's BPE), and prompts."""
+"""Tokenizers: text to token ids and back, by characters, by UTF-8 bytes or with tiktoken (GPT-2's BPE), and prompts."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ class CharTokenizer:
 
     def meta(self) -> dict:
         return {"tokenizer": "char", "vocab_size": self.vocab_size, "chars": self.chars}
+
+
+class ByteTokenizer:
+    """Text as its UTF-8 bytes, 256 ids: every text encodes, and any ids decode, a byte that is
+    not valid UTF-8 there as U+FFFD (enwik8 is modelled this way, as in the papers)."""
+
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogatepass"))
+
+    def decode(self, ids) -> str:
+        return bytes(ids).decode("utf-8", "replace")
+
+    def meta(self) -> dict:
+        return {"tokenizer": "byte", "vocab_size": self.vocab_size}
 
 
 # the BPE files of each encoding by their published names, with the address tiktoken fetches each
@@ -102,9 +118,11 @@ def tokenizer_from_meta(meta: dict):
     kind = meta.get("tokenizer")
     if kind == "char":
         return CharTokenizer(list(meta["chars"]))
+    if kind == "byte":
+        return ByteTokenizer()
     if kind == "tiktoken":
         return TiktokenTokenizer(meta["encoding"])
-    raise UserError(f"meta.json names an unknown tokenizer {kind!r}; expected 'char' or 'tiktoken'")
+    raise UserError(f"meta.json names an unknown tokenizer {kind!r}; expected 'char', 'byte' or 'tiktoken'")
 
 
 
