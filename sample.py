@@ -50,14 +50,7 @@ def sample(cfg: SampleConfig):
     from gpt.train.runtime import resolve_device
 
     device = resolve_device(cfg.device)
-    name = {"latest": "ckpt.pt", "best": "ckpt_best.pt"}[cfg.ckpt]
-    run = Path(cfg.out_dir)
-    other, flag = ("ckpt_best.pt", "best") if cfg.ckpt == "latest" else ("ckpt.pt", "latest")
-    otherwise = f"; --ckpt={flag} samples {other}" if (run / other).is_file() else ""
-    if otherwise and not (run / name).exists():
-        why = (" (no evaluation since iteration 0 has scored better than the untrained model did, or "
-               "it could not be written)" if cfg.ckpt == "best" else "")
-        raise UserError(f"{run / name} does not exist{why}{otherwise}")
+    name, otherwise = checkpoint.chosen(Path(cfg.out_dir), cfg.ckpt, "samples")
     model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name, otherwise)
     prompt = read_prompt(cfg.start)
     ids = encode_prompt(tok, prompt, default=cfg.start == SampleConfig.start)

@@ -344,10 +344,25 @@ def load_weights(model: GPT, ckpt: dict) -> None:
     model.load_state_dict(ckpt["model"])
 
 
-def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):
-    """(model in eval mode on device, tokenizer) of the run in out_dir; `otherwise` ends the
+def chosen(out_dir: Path, which: str, verb: str) -> tuple[str, str]:
+    """(file name, what else the caller could load) for --ckpt=which (latest or best) in out_dir,
+    refusing a missing one where the other is there; verb says what the caller does with it."""
+    name = {"latest": "ckpt.pt", "best": "ckpt_best.pt"}[which]
+    run = Path(out_dir)
+    other, flag = ("ckpt_best.pt", "best") if which == "latest" else ("ckpt.pt", "latest")
+    otherwise = f"; --ckpt={flag} {verb} {other}" if (run / other).is_file() else ""
+    if otherwise and not (run / name).exists():
+        why = (" (no evaluation since iteration 0 has scored better than the untrained model did, or "
+               "it could not be written)" if which == "best" else "")
+        raise UserError(f"{run / name} does not exist{why}{otherwise}")
+    return name, otherwise
+
+
+def load_for_inference(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = "",
+                       needs=MODEL_KEYS) -> tuple[GPT, dict]:
+    """(model in eval mode on device, the checkpoint) of the run in out_dir; `otherwise` ends the
     message about weights that are not finite, with what else the caller could load."""
-    ckpt = load(Path(out_dir) / name, map_location=device)
+    ckpt = load(Path(out_dir) / name, map_location=device, needs=needs)
     # a stop saves ckpt.pt unevaluated, so a diverged run's may hold them; sampling would fail deep
     # in torch (a resume may go on from them, skipping steps, and an evaluation scores them nan)
     broken = [k for k, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()]
@@ -355,4 +370,10 @@ def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherw
         more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
         raise UserError(f"{Path(out_dir) / name}'s weights hold nan or inf ({broken[0]}{more}): the run had "
                         f"diverged when it was saved, or the file is damaged{otherwise}")
-    return load_model(ckpt).to(device).eval(), tokenizer_from_meta(ckpt["meta"])
+    return load_model(ckpt).to(device).eval(), ckpt
+
+
+def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):
+    """(model in eval mode on device, tokenizer) of the run in out_dir."""
+    model, ckpt = load_for_inference(out_dir, device, name, otherwise)
+    return model, tokenizer_from_meta(ckpt["meta"])

@@ -219,6 +219,8 @@ class GPTConfig:
 class TrainConfig:
     dataset: str = opt("shakespeare_char", "folder under data_dir holding train.bin, val.bin, meta.json")
     data_dir: str = opt("data", "where datasets live")
+    data_url: str = opt("", "where a shipped dataset is downloaded from on first use: a mirror, or "
+                            "file:///path for a local copy; empty: its public source")
     out_dir: str = opt("out", "where checkpoints, metrics.jsonl and config.json are written")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     dtype: str = opt("auto", "auto: bfloat16 autocast on GPUs that compute it (Ampere on), else float32; "

@@ -1,6 +1,7 @@
-"""Preparing a dataset: its text fetched, checked and written as train.bin, val.bin and meta.json.
+"""Preparing a dataset: its text fetched, checked and written as train.bin, val.bin (test.bin) and meta.json.
 
-Tiny Shakespeare prepares itself on first use (ensure_prepared); data/<name>/prepare.py runs
+The shipped datasets (DATASETS) prepare themselves on first use (ensure_prepared): Tiny
+Shakespeare from its text, enwik8 and text8 from their zips. data/<name>/prepare.py runs
 prepare_main, which also prepares a text file of the user's own."""
 
 from __future__ import annotations
@@ -16,20 +17,47 @@ import secrets
 import shlex
 import sys
 import urllib.request
+import zipfile
+import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .config import user_path
 from .console import Parser
-from .errors import UserError
+from .errors import UserError, first_line
 from .progress import progress
-from .tokenizers import CharTokenizer, TiktokenTokenizer
+from .tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
 PIECE = 1 << 20     # characters of a text file read at a time while preparing it
 TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
                         "data/tinyshakespeare/input.txt")
+HUTTER = 100_000_000    # bytes of enwik8 and of text8, cut 90M / 5M / 5M as in the papers
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A shipped dataset: its tokenizer, the public source of its text, and how that is checked and cut."""
+    tokenizer: str                  # char, byte or tiktoken
+    url: str                        # the text itself, or a zip holding it (member)
+    member: str = ""                # the text's file in the zip; "": the download is the text
+    size: int = 0                   # the text's exact size in bytes (0: any)
+    split: tuple[int, int] = (0, 0)     # train and val bytes, in order, the rest test; (0, 0): 90/10, no test
+    alphabet: str = ""              # the only bytes allowed, in the vocabulary's order ("": any)
+
+
+DATASETS = {
+    "shakespeare_char": Dataset("char", TINY_SHAKESPEARE_URL),
+    "shakespeare": Dataset("tiktoken", TINY_SHAKESPEARE_URL),
+    # the first 10^8 bytes of an English Wikipedia dump (XML, UTF-8), modelled as bytes
+    "enwik8": Dataset("byte", "http://mattmahoney.net/dc/enwik8.zip", "enwik8", HUTTER,
+                      (90_000_000, 5_000_000)),
+    # the same dump's text lowercased to a-z and single spaces (Mahoney's wikifil.pl)
+    "text8": Dataset("char", "http://mattmahoney.net/dc/text8.zip", "text8", HUTTER,
+                     (90_000_000, 5_000_000), " abcdefghijklmnopqrstuvwxyz"),
+}
 
 
 def unique() -> str:
@@ -43,43 +71,62 @@ def fetch_text(input_path: Path, download_url: str) -> None:
     beside it that has the same source (shakespeare and shakespeare_char)."""
     if input_path.exists():
         return
-    twins = [input_path.parent.parent / name / "input.txt" for name, (_, url) in DATASETS.items()
-             if url == download_url and name != input_path.parent.name]
-    data = None
+    twins = [input_path.parent.parent / name / "input.txt" for name, ds in DATASETS.items()
+             if ds.url == download_url and name != input_path.parent.name]
     for twin in (path for path in twins if path.is_file()):     # offline, one copy serves both
         with contextlib.suppress(OSError):
             data = twin.read_bytes()
             print(f"copying {twin} -> {input_path}")
-            break
+            _write_whole(input_path, lambda out: out.write(data), "copied text")
+            return
+    download(download_url, input_path, "the text")
+
+
+def download(url: str, path: Path, what: str) -> None:
+    """url's body streamed into path, whole or not at all, with a progress bar over its
+    Content-Length; what names it in errors."""
+    print(f"downloading {url} -> {path}")
     try:
-        if data is None:
-            print(f"downloading {download_url} -> {input_path}")
-            with urllib.request.urlopen(download_url, timeout=30) as response:
-                data = read_all(response, f"downloading {input_path.name}")
-    except (OSError, http.client.HTTPException) as e:    # a reply cut short is the latter
-        raise UserError(f"could not download the text ({e.__class__.__name__}); put the file "
-                        f"from {download_url} at {input_path.absolute()} and run again") from None
-    tmp = input_path.with_suffix(f".part{unique()}")
+        response = urllib.request.urlopen(url, timeout=30)
+    except (OSError, ValueError, http.client.HTTPException) as e:   # ValueError: not a URL
+        raise _unreachable(url, path, what, e) from None
+
+    def copy(out) -> None:
+        size = response.headers.get("Content-Length")
+        with progress(int(size) if size and size.isdigit() else None, f"downloading {path.name}", "B",
+                      unit_scale=True) as bar:
+            while True:
+                try:
+                    chunk = response.read(1 << 16)
+                except (OSError, http.client.HTTPException) as e:     # a reply cut short is the latter
+                    raise _unreachable(url, path, what, e) from None
+                if not chunk:
+                    return
+                out.write(chunk)
+                bar.update(len(chunk))
+    with response:
+        _write_whole(path, copy, f"downloaded {what.removeprefix('the ')}")
+
+
+def _unreachable(url: str, path: Path, what: str, error: BaseException) -> UserError:
+    return UserError(f"could not download {what} ({error.__class__.__name__}: {first_line(error)}); "
+                     f"put the file from {url} at {path.absolute()} and run again, or give "
+                     "--data_url=URL of a copy")
+
+
+def _write_whole(path: Path, write, what: str) -> None:
+    """write(file) into a file beside path that becomes path only once written whole."""
+    tmp = path.with_name(f"{path.name}.part{unique()}")
     try:
-        input_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, input_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as out:
+            write(out)
+        os.replace(tmp, path)
     except OSError as e:
-        raise UserError(f"cannot write the downloaded text to {input_path} ({e.strerror or e})") from None
+        raise UserError(f"cannot write the {what} to {path} ({e.strerror or e})") from None
     finally:
         with contextlib.suppress(OSError):     # its folder may be a file
             tmp.unlink(missing_ok=True)
-
-
-def read_all(response, desc: str) -> bytes:
-    """An HTTP response's body, read with a progress bar over its Content-Length."""
-    size = response.headers.get("Content-Length")
-    chunks = []
-    with progress(int(size) if size and size.isdigit() else None, desc, "B", unit_scale=True) as bar:
-        while chunk := response.read(1 << 16):
-            chunks.append(chunk)
-            bar.update(len(chunk))
-    return b"".join(chunks)
 
 
 def text_pieces(path: Path) -> Iterator[str]:
@@ -160,19 +207,7 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
     if tok.vocab_size > 65536:
         raise UserError(f"vocabulary of {tok.vocab_size} does not fit uint16 token ids")
     n = int(length * (1 - val_fraction))
-    made = not out_dir.exists()     # then a failure takes it away again
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{out_dir} cannot be made a folder ({e.strerror}); pick another --out_dir") from None
-    if not os.access(out_dir, os.W_OK):
-        raise UserError(f"{out_dir} is not writable; pick another --out_dir")
-    targets = [out_dir / name for name in ("train.bin", "val.bin", "meta.json")]
-    for path in targets:
-        if path.exists() and not path.is_file():
-            raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
-    tmps = [path.with_name(f"{path.name}.tmp{unique()}") for path in targets]
-    try:
+    with _dataset_files(out_dir, ("train.bin", "val.bin", "meta.json")) as (targets, tmps):
         with (open(tmps[0], "wb") as train, open(tmps[1], "wb") as val,
               progress(length, f"preparing {out_dir.name}", "chars", unit_scale=True) as bar):
             sizes, read = _write_ids(_advancing(pieces(), bar.update), n, tok, (train, val))
@@ -186,6 +221,28 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
         if keep_other and not _same_dataset(tmps, targets):
             raise UserError(f"{out_dir} holds a dataset prepared from other text, which runs may have "
                             "trained on; give --overwrite to replace it, or another --out_dir")
+    return meta
+
+
+@contextlib.contextmanager
+def _dataset_files(out_dir: Path, names: tuple[str, ...]):
+    """(targets, tmps): the named files in out_dir and a temporary path beside each to write. When
+    the block ends, all replace their targets together; when it fails, none does, the temporary
+    files go, and so does out_dir if it was made here."""
+    made = not out_dir.exists()     # then a failure takes it away again
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{out_dir} cannot be made a folder ({e.strerror}); pick another --out_dir") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"{out_dir} is not writable; pick another --out_dir")
+    targets = [out_dir / name for name in names]
+    for path in targets:
+        if path.exists() and not path.is_file():
+            raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
+    tmps = [path.with_name(f"{path.name}.tmp{unique()}") for path in targets]
+    try:
+        yield targets, tmps
         for tmp, path in zip(tmps, targets):     # all written before any replaces the old files
             os.replace(tmp, path)
     except BaseException as e:  # a full disk, a file that stops being UTF-8 text, Ctrl-C
@@ -197,7 +254,6 @@ def _prepare(pieces, source: str, out_dir: Path, tokenizer: str, val_fraction: f
         if isinstance(e, OSError):
             raise UserError(f"cannot write the dataset into {out_dir} ({e.strerror})") from None
         raise
-    return meta
 
 
 def _advancing(pieces, advance) -> Iterator[str]:
@@ -278,18 +334,12 @@ def _write_ids(pieces, n: int, tok, files) -> tuple[list[int], int]:
     return sizes, done
 
 
-DATASETS = {  # name -> (tokenizer, public source of its input.txt)
-    "shakespeare_char": ("char", TINY_SHAKESPEARE_URL),
-    "shakespeare": ("tiktoken", TINY_SHAKESPEARE_URL),
-}
-
-
 def _prepared(folder: Path) -> bool:
     return all((folder / f).exists() for f in ("train.bin", "val.bin", "meta.json"))
 
 
-def ensure_prepared(data_dir: str, dataset: str) -> Path:
-    """The dataset's folder, preparing the shipped datasets on first use."""
+def ensure_prepared(data_dir: str, dataset: str, data_url: str = "") -> Path:
+    """The dataset's folder, preparing the shipped datasets on first use, from data_url if given."""
     folder = Path(data_dir) / dataset
     if _prepared(folder):
         return folder
@@ -308,18 +358,101 @@ def ensure_prepared(data_dir: str, dataset: str) -> Path:
                         f"--out_dir {folder}){'; ' + inside if inside else ''}")
     if inside:
         raise UserError(f"{inside}; to prepare {dataset}, give a data_dir without those files")
-    tokenizer, url = DATASETS[dataset]
-    fetch_text(folder / "input.txt", url)
-    meta = prepare_file(folder / "input.txt", folder, tokenizer)
-    print(f"prepared {folder}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens")
+    ds = DATASETS[dataset]
+    if ds.member:
+        meta = prepare_zip(folder / f"{dataset}.zip", data_url or ds.url, dataset, folder)
+    else:
+        fetch_text(folder / "input.txt", data_url or ds.url)
+        meta = prepare_file(folder / "input.txt", folder, ds.tokenizer)
+    test = f" and {meta['test_tokens']:,} test" if "test_tokens" in meta else ""
+    print(f"prepared {folder}: {meta['train_tokens']:,} train, {meta['val_tokens']:,} val{test} tokens")
     return folder
 
 
+def prepare_zip(path: Path, url: str, dataset: str, out_dir: Path) -> dict:
+    """Download the zip to path unless it is there, check the text it holds, and cut that in
+    order into train.bin, val.bin and test.bin. A zip downloaded here that fails the checks is
+    removed, so that the next run downloads it again."""
+    downloaded = not path.exists()
+    if downloaded:
+        download(url, path, path.name)
+    try:
+        return _prepare_member(path, DATASETS[dataset], out_dir)
+    except BadSource as e:
+        if not downloaded:
+            raise UserError(f"{e}; delete {path} to download it again, or give --data_url=URL of a "
+                            "good copy") from None
+        path.unlink(missing_ok=True)
+        raise UserError(f"{e}; the download from {url} was removed: run again to download it "
+                        "anew, or give --data_url=URL of a good copy") from None
+
+
+class BadSource(UserError):
+    """The downloaded file is not the dataset: a download or copy to replace, not a setting to fix."""
+
+
+def _prepare_member(path: Path, ds: Dataset, out_dir: Path) -> dict:
+    tok = CharTokenizer(list(ds.alphabet)) if ds.alphabet else ByteTokenizer()
+    try:
+        with zipfile.ZipFile(path) as archive:
+            try:
+                info = archive.getinfo(ds.member)
+            except KeyError:
+                held = ", ".join(archive.namelist()[:5]) or "nothing"
+                raise BadSource(f"{path} holds no file named {ds.member} (it holds {held})") from None
+            if ds.size and info.file_size != ds.size:
+                raise BadSource(f"{ds.member} in {path} is {info.file_size:,} bytes, not {ds.size:,}: "
+                                f"it is not {out_dir.name}")
+            names = ("train.bin", "val.bin", "test.bin", "meta.json")
+            with (_dataset_files(out_dir, names) as (_, tmps), archive.open(info) as text,
+                  progress(info.file_size, f"preparing {out_dir.name}", "B", unit_scale=True) as bar):
+                sizes = _write_bytes(text, tok, ds, tmps[:3], bar.update)
+                meta = {**tok.meta(), **{f"{s}_tokens": n for s, n in zip(("train", "val", "test"), sizes)}}
+                tmps[3].write_text(json.dumps(meta, ensure_ascii=False, indent=1), encoding="utf-8")
+    except (zipfile.BadZipFile, zlib.error, EOFError) as e:     # cut short, or bytes changed
+        raise BadSource(f"{path} is not a whole zip file ({first_line(e)})") from None
+    return meta
+
+
+def _write_bytes(text, tok, ds: Dataset, tmps: list[Path], advance) -> list[int]:
+    """The text's bytes as token ids, cut in order at ds.split into the three files; a byte
+    outside ds.alphabet is refused, naming where it is."""
+    ids = np.full(256, 0xFFFF, dtype=np.uint16)     # byte -> id; 0xFFFF: not in the vocabulary
+    if ds.alphabet:
+        ids[list(ds.alphabet.encode("ascii"))] = np.arange(len(ds.alphabet))
+    else:
+        ids[:] = np.arange(256)
+    ends = (ds.split[0], ds.split[0] + ds.split[1], None)
+    done, sizes = 0, [0, 0, 0]
+    files = [open(tmp, "wb") for tmp in tmps]
+    try:
+        while block := text.read(PIECE):
+            block_ids = ids[np.frombuffer(block, dtype=np.uint8)]
+            bad = np.flatnonzero(block_ids == 0xFFFF)
+            if len(bad):
+                raise BadSource(f"{ds.member} holds the byte {block[bad[0]:bad[0] + 1]!r} at offset "
+                                f"{done + int(bad[0]):,}, outside its alphabet ({''.join(tok.chars)!r})")
+            start = 0
+            for i, end in enumerate(ends):      # the part of this block before each split's end
+                stop = len(block) if end is None else min(max(end - done, 0), len(block))
+                if stop > start:
+                    block_ids[start:stop].tofile(files[i])
+                    sizes[i] += stop - start
+                    start = stop
+            done += len(block)
+            advance(len(block))
+    finally:
+        for f in files:
+            f.close()
+    if min(sizes) < 2:
+        raise BadSource(f"{ds.member} holds {done:,} bytes, too few to cut into train, val and test "
+                        f"at {ends[0]:,} and {ends[1]:,}")
+    return sizes
 
 
 def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
     """Command line of data/<dataset>/prepare.py."""
-    tokenizer, url = DATASETS[dataset]
+    tokenizer, url = DATASETS[dataset].tokenizer, DATASETS[dataset].url
     default_dir = Path(__file__).resolve().parent.parent / "data" / dataset
     parser = Parser(prog=f"python data/{dataset}/prepare.py",
                     description=f"Prepare {dataset}: text -> train.bin, val.bin, meta.json")

@@ -207,7 +207,7 @@ def test_a_shipped_dataset_copies_its_text_from_a_twin_of_the_same_source(tmp_pa
     def offline(*a, **k):
         raise OSError("no network")
     monkeypatch.setattr(urllib.request, "urlopen", offline)
-    url = DATASETS["shakespeare"][1]
+    url = DATASETS["shakespeare"].url
     (tmp_path / "shakespeare_char").mkdir()
     (tmp_path / "shakespeare_char" / "input.txt").write_text("First Citizen:\n")
     fetch_text(tmp_path / "shakespeare" / "input.txt", url)

@@ -171,7 +171,7 @@ def load_data(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int
     """The dataset, prepared if need be, its vocabulary in the model's config, and the batches."""
     # one process per machine prepares: another machine may not share this one's disk
     node_master = world == 1 or env_int("LOCAL_RANK", 0) == 0
-    folder = ensure_prepared(cfg.data_dir, cfg.dataset) if node_master else Path(cfg.data_dir) / cfg.dataset
+    folder = ensure_prepared(cfg.data_dir, cfg.dataset, cfg.data_url) if node_master else Path(cfg.data_dir) / cfg.dataset
     if world > 1:
         torch.distributed.barrier()
     meta = load_meta(folder)
