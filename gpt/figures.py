@@ -25,6 +25,7 @@ from . import checkpoint
 from .config import user_path
 from .console import Parser, interrupt_in_one_line, output_may_close
 from .errors import UserError
+from .sweep.plots import bpc_axis
 from .tokenizers import encode_prompt, read_prompt
 from .train.metrics import read_jsonl
 
@@ -144,6 +145,8 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     if "unigram_loss" in evals[-1]:
         ax.axhline(evals[-1]["unigram_loss"], color="gray", ls="--", label="unigram level")
     ax.set_title("loss", fontsize=9)
+    if "val_bpc" in evals[-1]:
+        bpc_axis(ax)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     ax = axes[0][1]

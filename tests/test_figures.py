@@ -63,6 +63,8 @@ def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, 
     figures.run_figure(out, out / "dashboard.png")
     lr_line = drawn[0].axes[1].lines[0]
     assert list(lr_line.get_xdata()) == [0, 3, 4, 6]       # train lines at 0 and 4, evals at 0, 3, 6
+    (bits,) = drawn[0].axes[0].child_axes           # char data: the losses read in bits per character too
+    assert bits.get_ylabel() == "bits per character"
     figures.pyplot().close(drawn[0])
 
 

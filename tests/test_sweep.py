@@ -350,14 +350,15 @@ def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     assert rows["1000000000.0"]["diverged"] == "True" and rows["1000000000.0"]["status"] == "diverged"
     assert rows["0.001"]["diverged"] == "False"
     # diverged runs are counted, and kept out of the mean: no loss to average here
-    assert "| learning_rate=1000000000.0 | 1 | — | 1 |" in (out / "summary.md").read_text()
+    assert "| learning_rate=1000000000.0 | 1 | — | — | 1 |" in (out / "summary.md").read_text()
 
 
 def test_summary_flags_differences_beyond_seed_noise():
     def rows(label, vals):
-        return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False}
-                for v in vals]
-    diverged = [{"_setting": "b", "final_val_loss": 9.0, "status": "diverged", "diverged": True}]
+        return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False,
+                 "per_character": True} for v in vals]
+    diverged = [{"_setting": "b", "final_val_loss": 9.0, "status": "diverged", "diverged": True,
+                 "per_character": True}]
     summary = report.summarize(rows("a", [2.00, 2.01, 1.99]) + rows("b", [2.30, 2.31, 2.29]) + diverged
                               + rows("c", [2.00, 2.03, 1.98]))
     assert summary[1]["runs"] == 4 and summary[1]["diverged"] == 1 and summary[1]["n"] == 3
@@ -407,8 +408,9 @@ def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, ca
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--eval_interval=2", "--sweep", "max_iters=2,4")
     assert train.main(argv) == 0
-    assert re.search(r"\] max_iters=4__seed=1337: finished, val \d\.\d{4} at iteration 4, \d+ s\n",
-                     capsys.readouterr().out)
+    final = grid.final_eval(out / "max_iters=4__seed=1337")
+    assert re.search(rf"\] max_iters=4__seed=1337: finished, val {final['val_loss']:.4f} "
+                     rf"\({final['val_loss'] / math.log(2):.3f} bpc\) at iteration 4, \d+ s\n", capsys.readouterr().out)
     for name in ("max_iters=2__seed=1337", "max_iters=4__seed=1337"):
         (out / name / "result.json").unlink()
     assert train.main(argv) == 0
@@ -422,7 +424,7 @@ def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "block_size=16,4000")
     assert train.main(argv) == 1
     captured = capsys.readouterr()
-    assert "| block_size=4000 | 0 (1 failed) | — | 0 | no result |" in captured.out
+    assert "| block_size=4000 | 0 (1 failed) | — | — | 0 | no result |" in captured.out
     assert "1 of 2 runs failed" in captured.err and "block_size=4000__seed=1337/log.txt" in captured.err
     named = (f"Failed, so in no mean or curve (1; what went wrong is in each log.txt, and the sweep's "
              f"command tries them again): block_size=4000__seed=1337/log.txt.")
@@ -451,8 +453,9 @@ def test_a_sweep_axis_with_no_values_is_refused(tmp_path, capsys):
 
 
 def test_a_baseline_without_results_is_named_as_the_reason():
-    rows = [{"_setting": "a", "final_val_loss": math.nan, "status": "diverged", "diverged": True}]
-    rows += [{"_setting": "b", "final_val_loss": v, "status": "finished", "diverged": False}
+    rows = [{"_setting": "a", "final_val_loss": math.nan, "status": "diverged", "diverged": True,
+             "per_character": False}]
+    rows += [{"_setting": "b", "final_val_loss": v, "status": "finished", "diverged": False, "per_character": False}
              for v in (2.0, 2.1)]
     assert report.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
 
@@ -839,7 +842,7 @@ NORM_STUDY = {"norm_placement": ["pre", "post"], "residual": ["true", "false"], 
               "warmup_iters": ["100", "0"]}
 
 
-def grid_rows(axes: dict[str, list[str]], seeds: int = 3) -> list[dict]:
+def grid_rows(axes: dict[str, list[str]], seeds: int = 3, per_character: bool = False) -> list[dict]:
     """Rows as report.collect makes them, of a grid whose settings end 0.03 apart (those with
     residual=false stuck at the unigram level, 3.35), each run evaluated 5 times from 4.2 down."""
     import itertools
@@ -853,7 +856,7 @@ def grid_rows(axes: dict[str, list[str]], seeds: int = 3) -> list[dict]:
             evals[-1].update(block_grad_norm=[1.0 + i, 0.5], block_update_ratio=[1e-3, 2e-3 + i * 1e-4],
                              block_rms=[1.0, 2.0 + i], block_pos_sim=[0.5, 0.4 - 0.01 * i])
             rows.append({**setting, "seed": seed, "status": "finished", "diverged": False, "_evals": evals,
-                         "final_val_loss": evals[-1]["val_loss"], "_values": setting,
+                         "final_val_loss": evals[-1]["val_loss"], "per_character": per_character, "_values": setting,
                          "_setting": grid.setting_label(setting)})
     return rows
 
@@ -926,3 +929,90 @@ def test_the_diagnostics_of_16_settings_fit_a_page_with_one_legend_off_the_data(
     assert not any(legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
     # the split's values by line style, each setting by colour
     assert {line.get_linestyle() for line in fig.axes[0].lines} == {"-", "--"}
+
+
+def test_the_summary_table_gives_bits_per_character_beside_the_loss_of_per_character_settings():
+    def rows(label, vals, per_character):
+        return [{"_setting": label, "final_val_loss": v, "status": "finished", "diverged": False,
+                 "per_character": per_character} for v in vals]
+    table = report.summary_table(report.summarize(rows("a", [2.00, 2.01, 1.99], True)
+                                                  + rows("b", [2.30, 2.31, 2.29], False)))
+    ln2 = math.log(2)
+    assert table.splitlines() == [
+        "| setting | runs | final val loss (mean ± std) | final val bpc (mean ± std) | diverged | vs baseline |",
+        "|---|---|---|---|---|---|",
+        f"| a | 3 | 2.000 ± 0.010 | {2.0 / ln2:.3f} ± {0.01 / ln2:.3f} | 0 | baseline |",
+        "| b | 3 | 2.300 ± 0.010 | — | 0 | worse by 0.300 |"]
+    assert f"{2.0 / ln2:.3f} ± {0.01 / ln2:.3f}" == "2.885 ± 0.014"
+    # BPE alone: the table as it was, with no bpc in it
+    table = report.summary_table(report.summarize(rows("b", [2.30, 2.31, 2.29], False)))
+    assert table.splitlines()[:3] == ["| setting | runs | final val loss (mean ± std) | diverged | vs baseline |",
+                                      "|---|---|---|---|---|", "| b | 3 | 2.300 ± 0.010 | 0 | baseline |"]
+
+
+def write_sweep(out, runs: dict[int, tuple[list[float], dict, bool]]) -> None:
+    """A sweep over n_layer, by hand: per n_layer its finished run's val losses, config.json and
+    whether its evaluations carry bpc (those of code older than bpc do not)."""
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"axes": {"n_layer": list(runs)}, "seeds": 1, "base_seed": 0,
+                                                "command": "train"}))
+    for n_layer, (losses, record, with_bpc) in runs.items():
+        run = out / f"n_layer={n_layer}__seed=0"
+        run.mkdir()
+        evals = [{"kind": "eval", "iter": 2 * i, "train_loss": v, "val_loss": v,
+                  **({"train_bpc": v / math.log(2), "val_bpc": v / math.log(2)} if with_bpc else {})}
+                 for i, v in enumerate(losses)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+        (run / "config.json").write_text(json.dumps(record))
+        (run / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_s": 1.0}))
+
+
+def test_the_report_gives_bits_per_character_of_new_runs_and_of_old_runs_on_char_data(data_dir, tmp_path, capsys):
+    bpe = data_dir / "bpe"
+    bpe.mkdir()
+    (bpe / "meta.json").write_text(json.dumps({"tokenizer": "tiktoken", "vocab_size": 50, "encoding": "gpt2"}))
+    def on(dataset, folder=data_dir):
+        return {"train": {"data_dir": str(folder), "dataset": dataset}}
+    out = tmp_path / "sw"
+    write_sweep(out, {1: ([3.0, 2.0], {}, True),            # new: its evaluations say so
+                      2: ([3.0, 2.2], on("tiny"), False),    # older than bpc, on char data
+                      3: ([3.0, 2.4], on("tiny", tmp_path / "gone"), False),   # its data since deleted
+                      4: ([3.0, 2.6], on("bpe"), False)})
+    table = report.report(out)
+    ln2 = math.log(2)
+    assert table.splitlines()[:6] == [
+        "| setting | runs | final val loss (mean ± std) | final val bpc (mean ± std) | diverged | vs baseline |",
+        "|---|---|---|---|---|---|",
+        f"| n_layer=1 | 1 | 2.000 | {2.0 / ln2:.3f} | 0 | baseline |",
+        f"| n_layer=2 | 1 | 2.200 | {2.2 / ln2:.3f} | 0 | needs 2+ seeds |",
+        "| n_layer=3 | 1 | 2.400 | — | 0 | needs 2+ seeds |",
+        "| n_layer=4 | 1 | 2.600 | — | 0 | needs 2+ seeds |"]
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    assert [float(r["final_val_bpc"]) for r in rows[:2]] == pytest.approx([2.0 / ln2, 2.2 / ln2], rel=1e-12)
+    assert float(rows[1]["best_val_bpc"]) == pytest.approx(2.2 / ln2, rel=1e-12)
+    assert all(math.isnan(float(r["final_val_bpc"])) for r in rows[2:])
+    assert (out / "curves.png").stat().st_size > 10_000
+    # a sweep of BPE runs alone: no bpc anywhere
+    out = tmp_path / "bpe_sweep"
+    write_sweep(out, {4: ([3.0, 2.6], on("bpe"), False)})
+    capsys.readouterr()
+    assert "bpc" not in report.report(out) and "bpc" not in capsys.readouterr().out
+    assert "bpc" not in (out / "sweep.csv").read_text() and "bpc" not in (out / "summary.md").read_text()
+
+
+def test_curves_of_per_character_runs_read_in_bits_per_character_on_a_second_axis():
+    rows = grid_rows({"dropout": ["0.0"], "residual": ["true", "false"], "n_layer": ["1", "2"]}, seeds=2,
+                     per_character=True)
+    fig = plots.curves_figure(rows)
+    fig.draw_without_rendering()
+    for ax in fig.axes:
+        (bits,) = ax.child_axes
+        assert bits.get_ylabel() == "bits per character"
+        assert bits.get_ylim() == pytest.approx([y / math.log(2) for y in ax.get_ylim()], rel=1e-9)
+    # the legend stays clear of the second axis' numbers
+    legend = fig.axes[1].get_legend().get_window_extent()
+    assert legend.x0 > fig.axes[1].child_axes[0].get_tightbbox().x1
+    # a BPE run among them: the axis would misread it, so there is none
+    rows[-1]["per_character"] = False
+    assert not any(ax.child_axes for ax in plots.curves_figure(rows).axes)
+    assert not any(ax.child_axes for ax in plots.curves_figure(grid_rows(NORM_STUDY)).axes)

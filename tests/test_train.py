@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,7 +25,7 @@ from gpt.cpu.attention import attention
 from gpt.model import GPT
 from gpt.cpu.precision import cpu_rounds_matmuls, matmul_precision
 from gpt.train import loop, resume, runtime
-from gpt.train.loop import lr_at
+from gpt.train.loop import bpc_columns, loss_text, lr_at
 from gpt.train.metrics import read_jsonl
 from gpt.train.runtime import check_compile
 from gpt.train.setup import make_optimizer
@@ -707,3 +708,46 @@ def test_a_stop_during_the_estimate_says_nothing_of_it_and_saves_nothing(data_di
     assert "estimated time" not in said and "iter 0" not in said
     assert "SIGINT: stopped before the first step; nothing was saved" in said
     assert not (out / "ckpt.pt").exists()
+
+
+def test_a_char_run_gives_bits_per_character_beside_its_losses(data_dir, tmp_path, capsys, no_estimate):
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    said = capsys.readouterr().out
+    evals = read_metrics(out, "eval")
+    assert len(evals) == 3
+    for e in evals:     # right after the losses, in bits: loss / ln 2
+        assert list(e)[2:6] == ["train_loss", "val_loss", "train_bpc", "val_bpc"]
+        assert e["train_bpc"] == pytest.approx(e["train_loss"] / math.log(2), rel=1e-12)
+        assert e["val_bpc"] == pytest.approx(e["val_loss"] / math.log(2), rel=1e-12)
+        assert (f"iter {e['iter']}: train {e['train_loss']:.4f} ({e['train_bpc']:.3f} bpc), "
+                f"val {e['val_loss']:.4f} ({e['val_bpc']:.3f} bpc) (unigram level {e['unigram_loss']:.2f}), ") in said
+    best = min(e["val_loss"] for e in evals[1:])
+    assert f"done: 4 iterations, best val loss {best:.4f} ({best / math.log(2):.3f} bpc); " in said
+
+
+def test_a_bpe_run_has_no_bits_per_character(tmp_path, capsys, monkeypatch, no_estimate):
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))    # training decodes nothing
+    folder = tmp_path / "data" / "bpe"
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"tokenizer": "tiktoken", "vocab_size": 50, "encoding": "gpt2"}))
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        rng.integers(0, 50, 400).astype(np.uint16).tofile(folder / f"{split}.bin")
+    out = tmp_path / "run"
+    args = tiny_args(tmp_path / "data", out, "--dataset=bpe", "--max_iters=2", "--eval_interval=2")
+    assert train.main(args) == 0
+    said = capsys.readouterr().out
+    evals = read_metrics(out, "eval")
+    assert len(evals) == 2 and not any(key.endswith("_bpc") for e in evals for key in e)
+    assert f"iter 2: train {evals[1]['train_loss']:.4f}, val {evals[1]['val_loss']:.4f} (unigram level " in said
+    assert "bpc" not in said
+
+
+def test_bits_per_character_are_for_char_and_byte_data_alone():
+    losses = {"train_loss": 2.0, "val_loss": 3.0}
+    for tokenizer in ("char", "byte"):
+        assert bpc_columns(losses, {"tokenizer": tokenizer}) == {"train_bpc": 2.0 / math.log(2),
+                                                                "val_bpc": 3.0 / math.log(2)}
+    assert bpc_columns(losses, {"tokenizer": "tiktoken"}) == {}
+    assert loss_text(2.0, True) == "2.0000 (2.885 bpc)" and loss_text(2.0, False) == "2.0000"

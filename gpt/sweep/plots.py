@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..data import bpc
 from .grid import by_setting, counted, drawn
 
 if TYPE_CHECKING:
@@ -106,6 +107,20 @@ def _zoom(ax: Axes, low: float, high: float, headroom: float, peak: float, unigr
     return "; ".join(notes)
 
 
+BPC_AXIS_IN = 0.75     # inches bpc_axis takes right of its axes: its ticks, their numbers and its label
+
+
+def bpc_axis(ax: Axes) -> None:
+    """A right-hand axis reading ax's losses (nats per character or byte) in bits per character."""
+    ax.secondary_yaxis("right", functions=(bpc, lambda bits: bits * math.log(2))).set_ylabel("bits per character")
+
+
+def _in_bpc(settings: list[list[dict]]) -> bool:
+    """Whether every drawn run with results is per character, so that a bpc axis reads them all."""
+    flags = [r["per_character"] for group in settings for r in drawn(group) if r["_evals"]]
+    return bool(flags) and all(flags)
+
+
 def _curves(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], unigram: float | None) -> str:
     """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a
     band; y from the lowest loss to a little above the highest last one. Returns the zoom's note."""
@@ -160,6 +175,7 @@ def curves_figure(rows: list[dict]) -> Figure:
     Within a row colours do not repeat, the legend names only the options varying there, and
     each row has its own y zoom (what it clips is in its titles)."""
     from matplotlib.figure import Figure
+    from matplotlib.transforms import ScaledTranslation
     option, split = panels(rows)
     count = max(len(split), 1)      # a sweep.json edited to an empty axis has no setting at all
     fig = Figure(figsize=(13, 1 + 3.6 * count), layout="constrained")
@@ -173,11 +189,16 @@ def curves_figure(rows: list[dict]) -> Figure:
         curve_ax.set_title(f"{name + ': ' if name else ''}val loss, mean over seeds, band = min..max"
                            + (f"\n{note}" if note else ""), fontsize=9)
         note = _finals(final_ax, settings, colours, labels, unigram)
+        in_bpc = _in_bpc(settings)
+        if in_bpc:
+            bpc_axis(curve_ax)
+            bpc_axis(final_ax)
         final_ax.set_title(f"{name + ': ' if name else ''}final val loss, a point per seed, bar = mean"
                            + (f"\n{note}" if note else ""), fontsize=9)
         if curve_ax.get_legend_handles_labels()[0]:     # nothing drawn: no run has results
+            past = ScaledTranslation(BPC_AXIS_IN * in_bpc, 0, fig.dpi_scale_trans)     # right of a bpc axis
             final_ax.legend(*curve_ax.get_legend_handles_labels(), fontsize=7, title=title, title_fontsize=7,
-                            loc="upper left", bbox_to_anchor=(1.02, 1.0))
+                            loc="upper left", bbox_to_anchor=(1.02, 1.0), bbox_transform=final_ax.transAxes + past)
     if option:
         fig.suptitle(f"one row per value of {option}, the option whose values' final losses differ most",
                      fontsize=10)

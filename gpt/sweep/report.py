@@ -11,12 +11,28 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..cli import shown
-from ..config import TrainConfig, read_by, user_path
+from ..config import REPO_ROOT, TrainConfig, read_by, user_path
+from ..data import bpc, load_meta, per_character
 from ..errors import UserError
 from ..train.rundir import listed_in
 from .grid import (DONE, NOT_COMPARED, RUN_RECORD, SPEED, as_text, by_setting, counted, evals_of, expand,
                    read_json, setting_label)
 from .plots import plot, plot_diagnostics
+
+
+def per_character_run(evals: list[dict], record: dict) -> bool:
+    """Whether a run's losses are per character (or byte): its evaluations say so with val_bpc, or,
+    for a run older than that, its dataset's meta.json does, where it can still be read."""
+    if any("val_bpc" in e for e in evals):
+        return True
+    train = record.get("train") if isinstance(record.get("train"), dict) else {}
+    if not (evals and isinstance(train.get("data_dir"), str) and isinstance(train.get("dataset"), str)):
+        return False
+    folder = REPO_ROOT / train["data_dir"] / train["dataset"]     # older records: from the repository root
+    try:
+        return (folder / "meta.json").is_file() and per_character(load_meta(folder))
+    except UserError:
+        return False
 
 
 def collect(out_dir: Path) -> tuple[dict, list[dict]]:
@@ -39,11 +55,13 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
         final = evals[-1] if evals else {}
         speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
         val = final.get("val_loss", math.nan)
+        best = min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])), default=math.nan)
+        in_bpc = per_character_run(evals, record)
         values = {k: as_text(v) for k, v in r.setting.items()}
         row = {**values, "seed": r.seed,
-               "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val,
-               "best_val_loss": min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])),
-                                    default=math.nan),
+               "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val, "best_val_loss": best,
+               "per_character": in_bpc, "final_val_bpc": bpc(val) if in_bpc else math.nan,
+               "best_val_bpc": bpc(best) if in_bpc else math.nan,
                "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
                "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
                "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
@@ -181,6 +199,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         finite = [r["final_val_loss"] for r in counted(group) if math.isfinite(r["final_val_loss"])]
         out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
                     "failed": sum(r["status"] == "failed" for r in group),
+                    "per_character": any(r["per_character"] for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
                     "n": len(finite)})
@@ -199,14 +218,25 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def mean_std(mean: float, std: float) -> str:
+    if not math.isfinite(mean):
+        return "—"
+    return f"{mean:.3f} ± {std:.3f}" if math.isfinite(std) else f"{mean:.3f}"
+
+
 def summary_table(summary: list[dict]) -> str:
-    lines = ["| setting | runs | final val loss (mean ± std) | diverged | vs baseline |",
-             "|---|---|---|---|---|"]
+    """The settings' final val loss and, where a setting's runs are per character, its bits per
+    character beside it (loss / ln 2: the mean and std are the loss's over ln 2)."""
+    in_bpc = any(s["per_character"] for s in summary)
+    head = ["setting", "runs", "final val loss (mean ± std)", *["final val bpc (mean ± std)"] * in_bpc,
+            "diverged", "vs baseline"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
-        std = f" ± {s['std']:.3f}" if math.isfinite(s["std"]) else ""
-        mean = f"{s['mean']:.3f}{std}" if math.isfinite(s["mean"]) else "—"
         runs = f"{s['runs']} ({s['failed']} failed)" if s["failed"] else str(s["runs"])
-        lines.append(f"| {s['setting']} | {runs} | {mean} | {s['diverged']} | {s['vs_baseline']} |")
+        bpc_cell = mean_std(bpc(s["mean"]), bpc(s["std"])) if s["per_character"] else "—"
+        cells = [s["setting"], runs, mean_std(s["mean"], s["std"]), *[bpc_cell] * in_bpc, s["diverged"],
+                 s["vs_baseline"]]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 
@@ -239,7 +269,8 @@ def report(out_dir: Path) -> str:
     return the summary table."""
     out_dir = Path(out_dir)
     sweep, rows = collect(out_dir)
-    columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss",
+    in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
+    columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss", *in_bits,
                "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
     table = summary_table(summarize(rows))
     odd = odd_runs(rows, sweep["axes"])

@@ -16,7 +16,7 @@ from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
 from ..progress import duration
-from ..train.loop import DIVERGED_EXIT
+from ..train.loop import DIVERGED_EXIT, loss_text
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals
 from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
@@ -80,7 +80,7 @@ def run(args, argv: list[str]) -> int:
         print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
               "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
               "marks them; delete a run's folder to train it again")
-    for cfg in {(t.data_dir, t.dataset) for _, t in run_cfgs}:
+    for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +184,8 @@ def _record(entry, returncode: int, done: int, total: int, walls: list[float] | 
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
     write_json(run.folder / "result.json", result)
     final = final_eval(run.folder)
-    val = f"val {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
+    val = (f"val {loss_text(final['val_loss'], 'val_bpc' in final)} at iteration {final['iter']}" if final
+           else "no evaluation")
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
     left = ""
     if walls is not None:

@@ -19,6 +19,7 @@ from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
 from ..cpu.optim import clip_grad_norm
 from ..cpu.split import split_plan
+from ..data import bpc, per_character
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError
 from ..memory import out_of_memory_in_one_line
@@ -64,6 +65,18 @@ def dropout_seed(seed: int, micro_batch: int) -> int:
     into 64 bits, each bit depending on both, since a CPU's generator keeps only the low 32 bits
     (`seed << 32 | place` gave every seed the same masks)."""
     return int(np.random.SeedSequence([seed, micro_batch]).generate_state(1, np.uint64)[0])
+
+
+def bpc_columns(losses: dict, meta: dict) -> dict:
+    """train_bpc and val_bpc, for a dataset whose tokens are characters or bytes; else none."""
+    if not per_character(meta):
+        return {}
+    return {key.removesuffix("_loss") + "_bpc": bpc(loss) for key, loss in losses.items()}
+
+
+def loss_text(loss: float, in_bpc: bool) -> str:
+    """A loss as a run's lines show it, with in_bpc its bits per character beside it."""
+    return f"{loss:.4f} ({bpc(loss):.3f} bpc)" if in_bpc else f"{loss:.4f}"
 
 
 def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
@@ -202,7 +215,7 @@ class Loop:
                                  run.autocast, lambda: stoppable and self.stop.signal is not None, bar.update)
         if losses is None:
             return False
-        row = {"kind": "eval", "iter": it, **losses, "lr": lr,
+        row = {"kind": "eval", "iter": it, **losses, **bpc_columns(losses, run.meta), "lr": lr,
                "tokens_per_sec": self.tokens_since / since_tick if self.tokens_since else 0.0,
                "elapsed_s": self.elapsed(), "unigram_loss": run.unigram}
         if cfg.diagnostics:
@@ -218,7 +231,9 @@ class Loop:
         if run.master:
             run.metrics.log(row)
             speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet
-            self.bar.write(f"iter {it}: train {row['train_loss']:.4f}, val {row['val_loss']:.4f} "
+            in_bpc = per_character(run.meta)
+            self.bar.write(f"iter {it}: train {loss_text(row['train_loss'], in_bpc)}, "
+                           f"val {loss_text(row['val_loss'], in_bpc)} "
                            f"(unigram level {run.unigram:.2f}), lr {lr:.2e}{speed}")
             sys.stdout.flush()      # now, not at exit, when the output is piped (| tee)
         if not finite:      # weights gone bad: saving them would replace the last good ones
@@ -298,5 +313,6 @@ class Loop:
             notes.append(f"ckpt.pt holds iteration {at.last_saved}: the evaluations after it were not finite"
                          if at.last_saved is not None else
                          "no evaluation after the first was finite, so nothing was saved")
-        saved = f", best val loss {at.best_val:.4f}; checkpoints in {self.run.out_dir}" if at.last_saved is not None else ""
+        best = loss_text(at.best_val, per_character(self.run.meta))
+        saved = f", best val loss {best}; checkpoints in {self.run.out_dir}" if at.last_saved is not None else ""
         print(f"done: {it} iteration{'s' * (it != 1)}{saved}" + "".join(f"; {note}" for note in notes))
