@@ -690,6 +690,15 @@ def test_the_cpu_recipe_is_timed_on_its_own_model_with_the_random_state_put_back
     assert torch.equal(torch.get_rng_state(), before)      # its weights were drawn from a stream of its own
 
 
+def test_the_cpu_recipe_named_is_the_datasets_own_where_there_is_one():
+    from gpt.train import estimate
+    assert estimate.cpu_recipe("enwik8", 256) == ("enwik8_cpu", 256)
+    assert estimate.cpu_recipe("text8", 27) == ("text8_cpu", 27)
+    assert estimate.cpu_recipe("shakespeare_char", 65) == ("shakespeare_char_cpu", 65)
+    assert estimate.cpu_recipe("shakespeare", 50257) == ("shakespeare_char_cpu", 65)    # BPE: none of its own
+    assert estimate.cpu_recipe("mine", 80) == ("shakespeare_char_cpu", 65)
+
+
 def test_a_stop_during_the_estimate_says_nothing_of_it_and_saves_nothing(data_dir, tmp_path, capsys, monkeypatch):
     import os
     import signal

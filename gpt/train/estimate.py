@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ..cli import read_config_file
+from ..cli import available_configs, read_config_file
 from ..config import GPTConfig, TrainConfig, build
 from ..model import GPT
 from ..progress import duration
@@ -15,7 +15,7 @@ from .resume import rng_state, set_rng_state
 from .setup import Run
 
 GPU_SIZED_S = 30 * 60       # past this on a CPU, the run is one for a GPU and the CPU recipe is named
-CPU_RECIPE = "shakespeare_char_cpu"
+CPU_RECIPE = "shakespeare_char_cpu"     # for a dataset without a CPU recipe of its own
 CPU_RECIPE_VOCAB = 65       # Tiny Shakespeare's characters
 WARM_S = 1.0
 
@@ -74,10 +74,17 @@ def step_seconds(run: Run) -> float:
     return _seconds(step, run.device)
 
 
-def cpu_recipe_seconds(device: str) -> float:
-    """The CPU recipe's time here, from its model timed on one batch of zeros."""
-    values, _ = read_config_file(CPU_RECIPE)
-    model_cfg, cfg = build(GPTConfig, {**values, "vocab_size": CPU_RECIPE_VOCAB}), build(TrainConfig, values)
+def cpu_recipe(dataset: str, vocab_size: int) -> tuple[str, int]:
+    """(config name, vocabulary) of the CPU recipe to name: the dataset's own (configs/<dataset>_cpu),
+    or Tiny Shakespeare's."""
+    own = f"{dataset}_cpu"
+    return (own, vocab_size) if own in available_configs() else (CPU_RECIPE, CPU_RECIPE_VOCAB)
+
+
+def cpu_recipe_seconds(device: str, name: str = CPU_RECIPE, vocab_size: int = CPU_RECIPE_VOCAB) -> float:
+    """A CPU recipe's time here, from its model timed on one batch of zeros."""
+    values, _ = read_config_file(name)
+    model_cfg, cfg = build(GPTConfig, {**values, "vocab_size": vocab_size}), build(TrainConfig, values)
     with torch.random.fork_rng(devices=[]):     # its initial weights draw nothing from the run's stream
         model = GPT(model_cfg)
     x = torch.zeros((cfg.batch_size, model_cfg.block_size), dtype=torch.long)
@@ -109,8 +116,9 @@ def say(run: Run, all_threads, stopped) -> None:
               f"{duration(run_seconds(cfg, 0, 1, step, batch)).removeprefix('about ')} an evaluation"
               f"{', timed without compiling' if cfg.compile else ''})", flush=True)
         if torch.device(run.device).type == "cpu" and total > GPU_SIZED_S and not stopped():
-            recipe = cpu_recipe_seconds(run.device)
-            print(f"this run is sized for a GPU; on this CPU, python train.py --config {CPU_RECIPE} trains "
+            name, vocab = cpu_recipe(cfg.dataset, run.model_cfg.vocab_size)
+            recipe = cpu_recipe_seconds(run.device, name, vocab)
+            print(f"this run is sized for a GPU; on this CPU, python train.py --config {name} trains "
                   f"a smaller model in {duration(recipe)}", flush=True)
     finally:
         run.optimizer.zero_grad(set_to_none=True)
