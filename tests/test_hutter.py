@@ -149,7 +149,9 @@ def test_a_byte_model_trains_from_data_url_and_samples_what_is_not_utf8(tmp_path
     out = tmp_path / "run"
     args = tiny_args(tmp_path / "data", out, "--max_iters=20", "--eval_interval=10", f"--data_url={url}")
     args[1] = "--dataset=enwik8"
-    assert train.main(args) == 0
+    assert train.main(args) == 0        # downloads and prepares the data first
+    (tmp_path / "data" / "enwik8" / "test.bin").write_bytes(b"odd")    # training never reads it
+    assert train.main([*args, "--overwrite=true"]) == 0
     assert json.loads((out / "config.json").read_text())["train"]["data_url"] == url
     capsys.readouterr()
     # an untrained byte model's samples are mostly not UTF-8: they print, marked
