@@ -12,26 +12,40 @@ from .config import GPTConfig
 from .errors import UserError, first_line
 
 
+HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+
+def gpt2_folder(path: str) -> Path:
+    """A local Hugging Face GPT-2 folder: path itself, or a hub name fetched (needs network)."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return folder
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"{path!r} is not a folder, and fetching it from the hub needs "
+                        "huggingface_hub: pip install -e \".[hf]\"") from None
+    try:
+        return Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors", "pytorch_model.bin"]))
+    except Exception as e:      # the hub's errors have no common base worth naming
+        raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first_line(e)}") from None
+
+
 def load_gpt2(cls, path: str):
     """A `cls` (GPT) holding a Hugging Face GPT-2 checkpoint: a local folder with config.json and
     model.safetensors or pytorch_model.bin, or a hub name such as "gpt2" (needs network)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-        except ImportError:
-            raise UserError(f"{path!r} is not a folder, and fetching it from the hub needs "
-                            "huggingface_hub: pip install huggingface_hub") from None
-        try:
-            folder = Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors",
-                                                                  "pytorch_model.bin"]))
-        except Exception as e:      # the hub's errors have no common base worth naming
-            raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first_line(e)}") from None
-    config = gpt2_config(folder / "config.json")
+    folder = gpt2_folder(path)
+    model = cls(gpt2_config(folder / "config.json"))
+    model.load_state_dict(gpt2_state(folder, model.state_dict()))
+    return model
+
+
+def gpt2_state(folder: Path, expected: dict) -> dict:
+    """The weights of a Hugging Face GPT-2 folder under this model's names, checked to fit the
+    state_dict `expected`."""
     if not any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
         raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin to load")
     file, weights = read_weights(folder)
-    model = cls(config)
     state = {}
     for key, value in weights.items():
         key = key.removeprefix("transformer.")
@@ -43,12 +57,10 @@ def load_gpt2(cls, path: str):
         state[key if key.startswith("lm_head") else f"transformer.{key}"] = value
     if "transformer.wte.weight" in state:
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
-    problem = weights_mismatch(state, model.state_dict())
+    problem = weights_mismatch(state, expected)
     if problem:
         raise UserError(f"the weights in {file} do not fit {folder / 'config.json'}: {problem}")
-    model.load_state_dict(state)
-    return model
-
+    return state
 
 
 def weights_mismatch(state: dict, expected: dict) -> str:
@@ -100,15 +112,17 @@ def gpt2_config(path: Path) -> GPTConfig:
     unsupported = [f"{k}={hf[k]!r}" for k, v in HF_FIXED.items() if hf.get(k, v) != v]
     if activation not in HF_ACTIVATIONS:
         unsupported.append(f"activation_function={activation!r}")
-    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 0)):
-        unsupported.append(f"n_inner={hf['n_inner']!r}")
+    n_embd, n_inner = hf.get("n_embd", 0), hf.get("n_inner")
+    if n_inner is not None and not (isinstance(n_inner, int) and n_embd and n_inner % n_embd == 0 and n_inner > 0):
+        unsupported.append(f"n_inner={n_inner!r} (not a multiple of n_embd={n_embd})")
     if unsupported:
         raise UserError(f"{path}: {', '.join(unsupported)} has no counterpart here; this model "
                         f"would give other logits")
     try:
         return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
                          n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
-                         activation=HF_ACTIVATIONS[activation], tie_weights=hf.get("tie_word_embeddings", True))
+                         activation=HF_ACTIVATIONS[activation], tie_weights=hf.get("tie_word_embeddings", True),
+                         mlp_ratio=n_inner // n_embd if n_inner else 4)
     except KeyError as e:
         raise UserError(f"{path} lacks {e.args[0]}") from None
 

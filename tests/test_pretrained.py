@@ -41,7 +41,7 @@ def test_from_pretrained_matches_transformers(tmp_path, serialization):
     (dict(layer_norm_epsilon=1e-6), r"layer_norm_epsilon=1e-06 has no counterpart here"),
     (dict(scale_attn_by_inverse_layer_idx=True), r"scale_attn_by_inverse_layer_idx=True has no counterpart"),
     (dict(activation_function="silu"), r"activation_function='silu' has no counterpart"),
-    (dict(n_inner=48), r"n_inner=48 has no counterpart"),
+    (dict(n_inner=44), r"n_inner=44 \(not a multiple of n_embd=8\) has no counterpart"),
     (dict(model_type="llama"), r"describes a 'llama' model, not 'gpt2'"),
     (dict(n_layer=None), r"lacks n_layer"),
     ("no weights", r"has no model.safetensors or pytorch_model.bin"),
