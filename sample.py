@@ -50,8 +50,12 @@ def sample(cfg: SampleConfig):
     from gpt.train.runtime import resolve_device
 
     device = resolve_device(cfg.device)
-    name, otherwise = checkpoint.chosen(Path(cfg.out_dir), cfg.ckpt, "samples")
-    model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name, otherwise)
+    if cfg.init_from:
+        from gpt.train import source
+        model, tok = source.load_for_sampling(cfg.init_from, device)
+    else:
+        name, otherwise = checkpoint.chosen(Path(cfg.out_dir), cfg.ckpt, "samples")
+        model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name, otherwise)
     prompt = read_prompt(cfg.start)
     ids = encode_prompt(tok, prompt, default=cfg.start == SampleConfig.start)
     if not ids:

@@ -11,7 +11,7 @@ from gpt.console import interrupt_quietly_while_loading, loaded, output_may_clos
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
 from gpt.sweep import runner  # noqa: E402
-from gpt.train import loop, resume, signals  # noqa: E402
+from gpt.train import loop, resume, signals, source  # noqa: E402
 from gpt.cli import SECTIONS, help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
@@ -40,6 +40,9 @@ def run(argv: list[str]) -> int:
             raise UserError(f"jobs={grid.jobs} runs several runs of a sweep at once, but this is one run; "
                             "give --sweep name=a,b or --seeds=N, or leave --jobs out")
         model_cfg, train_cfg = resume.configs_for_run(args.values)
+        if train_cfg.init_from and not train_cfg.resume:    # a resume's weights are its own
+            on_command_line = set(args.values) - set(args.from_file)
+            model_cfg = source.shaped(model_cfg, args.values, on_command_line, source.resolve(train_cfg.init_from))
         summary = loop.train(model_cfg, train_cfg, argv)
     except loop.Diverged as e:
         print(f"error: {e}", file=sys.stderr)

@@ -221,6 +221,9 @@ class TrainConfig:
     data_dir: str = opt("data", "where datasets live")
     data_url: str = opt("", "where a shipped dataset is downloaded from on first use: a mirror, or "
                             "file:///path for a local copy; empty: its public source")
+    init_from: str = opt("", "start from these weights: a run's out_dir, a Hugging Face GPT-2 folder, or "
+                             "a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl); the model's shape is "
+                             "theirs, block_size may be cropped; empty: random weights")
     out_dir: str = opt("out", "where checkpoints, metrics.jsonl and config.json are written")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     dtype: str = opt("auto", "auto: bfloat16 autocast on GPUs that compute it (Ampere on), else float32; "
@@ -336,6 +339,8 @@ class SampleConfig:
     seed: int = opt(1337, "random seed: the same seed gives the same text")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")
+    init_from: str = opt("", "sample from these weights instead of out_dir's: a Hugging Face GPT-2 folder "
+                         "or a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), with their own tokenizer")
 
     def __post_init__(self):
         check_types(self)

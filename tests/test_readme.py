@@ -1,4 +1,4 @@
-"""Every train.py, sample.py, gpt.evaluate and gpt.bench command that README.md and docs/*.md show must parse into
+"""Every train.py, sample.py, gpt.evaluate, gpt.export and gpt.bench command that README.md and docs/*.md show must parse into
 valid configs, and the option tables must list every field, so the documentation cannot drift
 from the options the code has. README.md stays short and links every page of docs/."""
 
@@ -14,12 +14,14 @@ from gpt.bench import BenchConfig
 from gpt.cli import parse_argv
 from gpt.config import GPTConfig, SampleConfig, SweepConfig, TrainConfig, build
 from gpt.evaluate import EvaluateConfig
+from gpt.export import ExportConfig
 
 SCRIPTS = {  # how a command starts -> the config sections it takes
     "train.py": (GPTConfig, TrainConfig, SweepConfig),
     "sample.py": (SampleConfig,),
     "-m gpt.bench": (GPTConfig, TrainConfig, BenchConfig),
     "-m gpt.evaluate": (EvaluateConfig,),
+    "-m gpt.export": (ExportConfig,),
 }
 OPTIONS_PAGE = ROOT / "docs" / "options.md"     # holds the table of every option
 README_MAX_LINES = 200
@@ -37,7 +39,7 @@ def page_commands(text: str) -> list[tuple[str, list[str]]]:
         for line in piece.replace("\\\n", " ").replace("\n  ", " ").splitlines():
             for part in line.split("  #")[0].split("&&"):     # `pip install -e . && python ...` too
                 part = part.strip()
-                match = re.match(r"(?:python|torchrun(?: --\S+)*) (train\.py|sample\.py|-m gpt\.bench|-m gpt\.evaluate)\b(.*)", part)
+                match = re.match(r"(?:python|torchrun(?: --\S+)*) (train\.py|sample\.py|-m gpt\.bench|-m gpt\.evaluate|-m gpt\.export)\b(.*)", part)
                 if match and "NAME" not in part and "..." not in part and "--help" not in part:
                     commands.append((match.group(1), shlex.split(match.group(2))))
     return commands
@@ -74,7 +76,7 @@ def test_the_model_flag_table_lists_every_model_field():
     assert missing == []
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, SweepConfig, SampleConfig, EvaluateConfig, BenchConfig],
+@pytest.mark.parametrize("cls", [TrainConfig, SweepConfig, SampleConfig, EvaluateConfig, ExportConfig, BenchConfig],
                          ids=lambda c: c.__name__)
 def test_the_option_tables_list_every_field(cls):
     text = OPTIONS_PAGE.read_text()

@@ -30,6 +30,9 @@ def run(args, argv: list[str]) -> int:
         raise UserError("a sweep runs its own processes; start it with python train.py, not "
                         "torchrun (use --jobs=N to run N at once)")
     values = dict(args.values)
+    if values.get("init_from"):     # each run would shape its model apart from the grid's records
+        raise UserError("--init_from starts one run from other weights; a sweep of fine-tuning runs is "
+                        "not supported yet: start each run with python train.py --init_from=... --out_dir=...")
     for name in ("out_dir", "data_dir"):    # else the sweep would fill the current folder
         if name in values and not values[name].strip():
             raise UserError(f"{name} is empty; give a folder name")

@@ -22,7 +22,7 @@ from ..diagnostics import unigram_loss
 from ..errors import UserError
 from ..model import GPT
 from ..progress import progress
-from . import resume, rundir
+from . import resume, rundir, source
 from .evaluate import mean_losses
 from .metrics import Metrics, start_wandb
 from .rundir import in_a_sweep
@@ -104,8 +104,11 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
         at = resume_from_checkpoint(model, optimizer, batches, autocast, model_cfg, cfg, meta, device, rank, world)
         if at.start_iter >= cfg.max_iters:
             return already_done(at, cfg, master)
-    elif master:    # a fresh run in an old folder replaces that run, so nothing stale mixes in
-        resume.start_afresh(out_dir, cfg)
+    else:
+        if cfg.init_from:   # every rank: DDP checks that they start alike
+            source.load_weights(model, source.resolve(cfg.init_from))
+        if master:      # a fresh run in an old folder replaces that run, so nothing stale mixes in
+            resume.start_afresh(out_dir, cfg)
 
     # before config.json and command.txt record this start, which a failure here ends
     raw_model = model
@@ -175,6 +178,8 @@ def load_data(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int
     if world > 1:
         torch.distributed.barrier()
     meta = load_meta(folder)
+    if cfg.init_from and not cfg.resume:
+        source.check_data(source.resolve(cfg.init_from), meta, cfg.dataset)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
     resume.seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
