@@ -83,7 +83,7 @@ def read_weights(folder: Path) -> tuple[Path, dict]:
         try:
             from safetensors.torch import load_file as read
         except ImportError:
-            raise UserError("reading model.safetensors needs: pip install safetensors") from None
+            raise UserError("reading model.safetensors needs safetensors: pip install -e \".[hf]\"") from None
     else:
         file, read = folder / "pytorch_model.bin", partial(torch.load, map_location="cpu", weights_only=True)
     try:

@@ -200,3 +200,15 @@ def test_an_exported_run_comes_back_through_init_from_with_its_score_and_charact
     from_folder = capsys.readouterr().out
     assert sample.main([f"--out_dir={first}", *args]) == 0
     assert from_folder == capsys.readouterr().out and from_folder.startswith("to be")
+
+
+def test_without_the_hf_extra_a_gpt2_source_says_what_to_install(data_dir, tmp_path, capsys, monkeypatch):
+    folder = gpt2_folder(tmp_path / "gpt2")
+    monkeypatch.setitem(__import__("sys").modules, "safetensors.torch", None)     # not installed
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)
+    capsys.readouterr()
+    assert sample.main([f"--init_from={folder}"]) == 2
+    assert capsys.readouterr().err == 'error: reading model.safetensors needs safetensors: pip install -e ".[hf]"\n'
+    assert sample.main(["--init_from=gpt2"]) == 2
+    assert capsys.readouterr().err == ("error: 'gpt2' is not a folder, and fetching it from the hub needs "
+                                       'huggingface_hub: pip install -e ".[hf]"\n')
