@@ -36,6 +36,11 @@ def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_pa
     assert len(a) == len(b) == 8
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
     assert a[-1] < a[0]
+    # each rank scores half the evaluation batches; all-reduced, the mean is one process's to the bit
+    evals = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (single, ddp)]
+    (first_single, last_single), (first_ddp, last_ddp) = ([r for r in rows if r["kind"] == "eval"] for rows in evals)
+    assert (first_ddp["train_loss"], first_ddp["val_loss"]) == (first_single["train_loss"], first_single["val_loss"])
+    assert abs(last_ddp["val_loss"] - last_single["val_loss"]) < 1e-5
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")

@@ -760,3 +760,26 @@ def test_bits_per_character_are_for_char_and_byte_data_alone():
                                                                 "val_bpc": 3.0 / math.log(2)}
     assert bpc_columns(losses, {"tokenizer": "tiktoken"}) == {}
     assert loss_text(2.0, True) == "2.0000 (2.885 bpc)" and loss_text(2.0, False) == "2.0000"
+
+
+def test_an_evaluation_waits_for_the_device_once_a_split_and_scores_what_one_batch_at_a_time_did(data_dir,
+                                                                                               monkeypatch):
+    import contextlib
+    from pathlib import Path
+
+    from gpt.data import Batches
+    from gpt.train.evaluate import mean_losses
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    batches = Batches(Path(data_dir) / "tiny", 16, 4, "cpu", 0)
+    xs, ys = batches.evenly_spaced("val", 3, 4)
+    with torch.no_grad():
+        expected = sum(model.eval()(x, y)[1].item() for x, y in zip(xs, ys)) / 3
+    reads = []
+    for name in ("item", "tolist", "cpu"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, _name=name, **k: (
+            reads.append(_name), _real(self, *a, **k))[1])
+    losses = mean_losses(model, batches, ("train", "val"), 3, 4, contextlib.nullcontext())
+    assert reads == ["tolist", "tolist"]        # one read of each split's losses
+    assert losses["val_loss"] == pytest.approx(expected, abs=1e-7)

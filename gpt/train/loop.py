@@ -209,10 +209,14 @@ class Loop:
         since_tick = time.perf_counter() - self.tick
         # under DDP the ranks finish it together; the last one, which no resume would repeat, always
         stoppable = it < cfg.max_iters and run.world == 1
-        with self.all_threads(), progress(2 * cfg.eval_iters, f"evaluating at iteration {it}", "batches",
+        # the compiled model where there is one (DDP's wrapper left out: no gradients to sync)
+        scored = run.model.module if run.world > 1 else run.model
+        mine = len(range(run.rank, cfg.eval_iters, run.world))     # each rank scores its share
+        with self.all_threads(), progress(2 * mine, f"evaluating at iteration {it}", "batches",
                                           leave=False, disable=not run.master) as bar:
-            losses = mean_losses(run.raw_model, run.batches, ("train", "val"), cfg.eval_iters, run.eval_batch,
-                                 run.autocast, lambda: stoppable and self.stop.signal is not None, bar.update)
+            losses = mean_losses(scored, run.batches, ("train", "val"), cfg.eval_iters, run.eval_batch,
+                                 run.autocast, lambda: stoppable and self.stop.signal is not None, bar.update,
+                                 run.rank, run.world)
         if losses is None:
             return False
         row = {"kind": "eval", "iter": it, **losses, **bpc_columns(losses, run.meta), "lr": lr,
