@@ -558,10 +558,12 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
     class InductorError(RuntimeError):      # as torch._inductor raises it, without a C++ compiler
         __module__ = "torch._inductor.exc"
 
-    def compiled(model):
-        def first_step(*args, **kwargs):
+    class Compiled(torch.nn.Module):       # fails where torch.compile's module does: when first called
+        def forward(self, *args, **kwargs):
             raise InductorError("InvalidCxxCompiler: No working C++ compiler found\n  pages more")
-        return first_step
+
+    def compiled(model):
+        return Compiled()
     monkeypatch.setattr(torch, "compile", compiled)
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--compile=true")) == 2
     assert capsys.readouterr().err == ("error: torch.compile failed (InvalidCxxCompiler: No working C++ "
