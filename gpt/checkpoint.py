@@ -362,7 +362,8 @@ def load_for_inference(out_dir: Path, device="cpu", name: str = "ckpt.pt", other
                        needs=MODEL_KEYS) -> tuple[GPT, dict]:
     """(model in eval mode on device, the checkpoint) of the run in out_dir; `otherwise` ends the
     message about weights that are not finite, with what else the caller could load."""
-    ckpt = load(Path(out_dir) / name, map_location=device, needs=needs)
+    # mapped, not read: the optimizer's moments (twice the weights) never reach memory or the device
+    ckpt = load(Path(out_dir) / name, mmap=True, needs=needs)
     # a stop saves ckpt.pt unevaluated, so a diverged run's may hold them; sampling would fail deep
     # in torch (a resume may go on from them, skipping steps, and an evaluation scores them nan)
     broken = [k for k, t in ckpt["model"].items() if t.is_floating_point() and not t.isfinite().all()]
@@ -370,7 +371,10 @@ def load_for_inference(out_dir: Path, device="cpu", name: str = "ckpt.pt", other
         more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
         raise UserError(f"{Path(out_dir) / name}'s weights hold nan or inf ({broken[0]}{more}): the run had "
                         f"diverged when it was saved, or the file is damaged{otherwise}")
-    return load_model(ckpt).to(device).eval(), ckpt
+    with torch.device(device):      # built where it runs: the weights go there once, from the file
+        model = GPT(model_config(ckpt))
+    load_weights(model, ckpt)
+    return model.eval(), ckpt
 
 
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):

@@ -1453,3 +1453,28 @@ def test_the_train_first_hint_names_the_config_whose_folder_it_is(tmp_path):
     assert train_command(Path("out/shakespeare_char_fast")) == "python train.py --config shakespeare_char_fast"
     assert train_command(tmp_path / "my run") == ("python train.py --config shakespeare_char_cpu "
                                                   f"--out_dir='{tmp_path / 'my run'}'")
+
+
+def test_loading_for_sampling_reads_the_weights_alone_into_a_model_built_where_it_runs(tmp_path):
+    """The optimizer's moments, twice the weights, are mapped from the file and never read: the
+    load's peak is about twice the weights (the model, and the file's pages of weights it read),
+    where reading the whole checkpoint and building the model apart took more than four times."""
+    code = ("import dataclasses, resource, sys, torch\n"
+            "from gpt import checkpoint\nfrom gpt.config import GPTConfig\nfrom gpt.model import GPT\n"
+            "m = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=384))\n"
+            "moments = {k: torch.randn_like(v) for k, v in m.state_dict().items()}\n"
+            "checkpoint.save({'model': m.state_dict(), 'model_config': dataclasses.asdict(m.config), 'meta': "
+            "{'tokenizer': 'char', 'vocab_size': 65, 'chars': [chr(32 + i) for i in range(65)]}, "
+            "'optimizer': {'exp_avg': moments, "
+            "'exp_avg_sq': {k: v.clone() for k, v in moments.items()}}}, sys.argv[1] + '/ckpt.pt')\n"
+            "del m, moments\n")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, check=True, timeout=120)
+    load = ("import resource, sys\nfrom gpt import checkpoint\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "model, _ = checkpoint.load_for_sampling(sys.argv[1])\n"
+            "grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
+            "print(grown / 1024, sum(p.numel() * 4 for p in model.parameters()) / 2 ** 20)\n")
+    proc = subprocess.run([sys.executable, "-c", load, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=True)
+    grown_mb, weights_mb = map(float, proc.stdout.split())
+    assert weights_mb > 20 and grown_mb < 3 * weights_mb, (grown_mb, weights_mb)
