@@ -19,6 +19,7 @@ interrupt_quietly_while_loading(__name__)      # before torch loads
 import contextlib
 import dataclasses
 import io
+import math
 import re
 import resource
 import statistics
@@ -44,11 +45,16 @@ from .train.metrics import read_jsonl
 from .train.runtime import autocast_dtype, resolve_device
 from .train.setup import tokens_per_step
 
-# dense bf16 tensor-core FLOP/s from the datasheets, by model name as torch reports it; a name
-# must match whole ("L4" is not "L40S"), and the first match wins, so variants come first
-GPU_PEAK_BF16 = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
-                 "GH200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12,
-                 "3090": 71e12}
+# dense (not 2:4 sparse) bf16 tensor-core FLOP/s from NVIDIA's datasheets, by model name as torch
+# reports it; a name must match whole ("L4" is not "L40S", "H20" not "H200"), and the first match
+# wins, so variants come first. Datasheets: HGX B200/B100 (per GPU: half the sparse rate), H100/H800
+# and H200 (SXM, PCIe, NVL), H20, A100, L40S, L4, A40, A10, RTX 6000 Ada, RTX A6000, GeForce 4090/3090.
+GPU_PEAK_BF16 = {"B200": 2250e12, "B100": 1750e12,
+                 "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H800 PCIe": 756e12, "H800": 989e12,
+                 "H200 NVL": 835e12, "H200": 989e12, "GH200": 989e12, "H20": 148e12,
+                 "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A40": 149.7e12, "A10": 125e12,
+                 "RTX 6000 Ada": 364.2e12, "RTX A6000": 154.8e12, "4090": 165e12, "3090": 71e12}
+UNKNOWN_PEAK = "unknown GPU, MFU not computed"
 
 
 # training-loop settings the bench makes its own; accepted and unused, so that a train.py command
@@ -87,7 +93,7 @@ def gpu_peak(name: str, dtype: torch.dtype, tf32: bool = True) -> tuple[float, s
     for key, value in GPU_PEAK_BF16.items():
         if re.search(rf"(?<![A-Za-z0-9]){key}(?![A-Za-z0-9])", name):
             return (value if dtype == torch.bfloat16 else value / 2), f"{name} datasheet"
-    return float("nan"), f"{name}: peak unknown"
+    return float("nan"), f"{name}: {UNKNOWN_PEAK}"
 
 
 def synchronize(device: str) -> None:
@@ -207,7 +213,7 @@ def format_table(r: dict) -> str:
         ("training tokens/s", f"{r['tokens_per_sec']:,.0f}"),
         ("model TFLOP/s achieved", f"{r['achieved_tflops']:.3f}"),
         (f"peak TFLOP/s ({r['peak_source']})", f"{r['peak_tflops']:.3f}"),
-        ("MFU", f"{100 * r['mfu']:.1f}%"),
+        ("MFU", f"{100 * r['mfu']:.1f}%" if math.isfinite(r["mfu"]) else r["peak_source"].split(": ")[-1]),
         ("peak memory MB", f"{r['peak_memory_mb']:.0f}"),
         ("diagnostics ms per evaluation", f"{r['diagnostics_ms']:.1f}"),
         ("diagnostics share of training time", f"{100 * r['diagnostics_share']:.2f}%"),

@@ -57,6 +57,13 @@ def test_bench_rejects_bad_arguments(capsys, monkeypatch):
         assert capsys.readouterr().err.endswith(" in a scratch folder, then sampling\nerror: timing\n")
 
 
+TABLE_ROW = {"device": "cuda", "dtype": "bfloat16", "split_parts": 1, "params": 1, "ms_per_iter": 1.0,
+             "tokens_per_sec": 1.0, "achieved_tflops": 1.0, "peak_memory_mb": 1.0, "diagnostics_ms": 1.0,
+             "diagnostics_share": 0.1, "sample_new_tokens": 1, "sample_tokens_per_sec_cache": 1.0,
+             "sample_tokens_per_sec_no_cache": 1.0, "past_block_tokens_per_sec_cache": 1.0,
+             "past_block_tokens_per_sec_no_cache": 1.0}
+
+
 def test_gpu_peaks_match_whole_model_names():
     bf16 = torch.bfloat16
     assert bench.gpu_peak("NVIDIA L4", bf16)[0] == 121e12
@@ -71,9 +78,18 @@ def test_gpu_peaks_match_whole_model_names():
     assert bench.gpu_peak("NVIDIA GH200 480GB", bf16)[0] == 989e12
     assert bench.gpu_peak("NVIDIA H200", bf16)[0] == 989e12
     assert bench.gpu_peak("NVIDIA H200 NVL", bf16)[0] == 835e12
-    for other in ("NVIDIA L40S", "NVIDIA A10G"):        # not an L4, not an A10
+    # the common datacenter and workstation GPUs, each by its own name, not a shorter one's
+    for name, peak in (("NVIDIA L40S", 362e12), ("NVIDIA B200", 2250e12), ("NVIDIA B100", 1750e12),
+                       ("NVIDIA H800", 989e12), ("NVIDIA H800 PCIe", 756e12), ("NVIDIA H20", 148e12),
+                       ("NVIDIA A40", 149.7e12), ("NVIDIA RTX A6000", 154.8e12),
+                       ("NVIDIA RTX 6000 Ada Generation", 364.2e12)):
+        assert bench.gpu_peak(name, bf16)[0] == peak, name
+    for other in ("NVIDIA A10G", "NVIDIA RTX A4000"):     # not an A10, not an RTX A6000: unknown
         peak, label = bench.gpu_peak(other, bf16)
-        assert math.isnan(peak) and label == f"{other}: peak unknown"
+        assert math.isnan(peak) and label == f"{other}: unknown GPU, MFU not computed"
+    row = dict(line.split("  ", 1) for line in bench.format_table(
+        {**TABLE_ROW, "peak_source": label, "peak_tflops": math.nan, "mfu": math.nan}).splitlines())
+    assert row["MFU"].strip() == "unknown GPU, MFU not computed"
 
 
 def test_a_bench_stopped_by_ctrl_c_prints_no_table(monkeypatch, capsys):
