@@ -145,3 +145,25 @@ def test_stray_torchrun_variables_that_parse_stop_the_run_with_one_line_or_mean_
     assert err.endswith("); start the run with torchrun, or unset RANK and WORLD_SIZE to run one process\n")
     monkeypatch.setenv("WORLD_SIZE", "1")      # one process of one: trained as one, no process group
     assert train.main(tiny_args(data_dir, tmp_path / "one", "--max_iters=2", "--eval_interval=2")) == 0
+
+
+def test_nccl_gets_its_gpu_first_and_a_local_rank_past_the_visible_gpus_is_one_line(monkeypatch):
+    import torch
+
+    from gpt.errors import UserError
+    from gpt.train import runtime
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.distributed, "init_process_group",
+                        lambda backend, device_id=None: calls.append(("init", backend, str(device_id))))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert runtime.join_processes("cuda", 1, 2) == "cuda:1"
+    assert calls == [("set_device", "cuda:1"), ("init", "nccl", "cuda:1")]
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(UserError, match=r"^LOCAL_RANK=2, but this machine shows 2 GPUs \(CUDA_VISIBLE_DEVICES=0,1\); "
+                                        r"give torchrun --nproc_per_node=2 or fewer, or make more GPUs visible$"):
+        runtime.join_processes("cuda", 2, 3)
+    calls.clear()
+    assert runtime.join_processes("cpu", 1, 2) == "cpu" and calls == [("init", "gloo", "None")]

@@ -150,15 +150,23 @@ def join_processes(device: str, rank: int, world: int) -> str:
                         "--device=cpu")
     if world > 1:
         local_rank = env_int("LOCAL_RANK", 0)
+        gpu = None
+        if device.startswith("cuda"):   # first: NCCL binds each process to the GPU current at its start
+            gpu = torch.device(f"cuda:{local_rank}")
+            visible = torch.cuda.device_count()
+            if local_rank >= visible:
+                raise UserError(f"LOCAL_RANK={local_rank}, but this machine shows {visible} GPU"
+                                f"{'s' * (visible != 1)} (CUDA_VISIBLE_DEVICES="
+                                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); give torchrun "
+                                f"--nproc_per_node={visible} or fewer, or make more GPUs visible")
+            torch.cuda.set_device(gpu)
+            device = str(gpu)
         try:
-            torch.distributed.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+            torch.distributed.init_process_group(backend="nccl" if gpu is not None else "gloo", device_id=gpu)
         except (ValueError, RuntimeError) as e:     # RANK and WORLD_SIZE left over, without torchrun
             raise UserError(f"RANK={rank} and WORLD_SIZE={world} in the environment make this one of {world} "
                             f"processes, but they could not connect ({first_line(e)}); start the run with "
                             "torchrun, or unset RANK and WORLD_SIZE to run one process") from None
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"
-            torch.cuda.set_device(device)
     elif device.startswith("cuda:"):    # the run's GPU is the current one: no context on GPU 0
         torch.cuda.set_device(device)
     return device
