@@ -328,3 +328,24 @@ def test_the_checkout_comparisons_refuse_bad_input_in_one_line(script, argv, mes
         _benchmark(script).main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_the_gpu_check_script_runs_through_on_a_cpu_when_made_small(data_dir, tmp_path):
+    """benchmarks/gpu_check.sh, with EXTRA making every run tiny and on the CPU: each step works and
+    the summary names what a GPU run would report."""
+    import json
+    import os
+    import subprocess
+    from conftest import ROOT
+    small = (f"--device=cpu --n_layer=1 --n_head=2 --n_embd=16 --block_size=16 --batch_size=4 --data_dir={data_dir} "
+             "--dataset=tiny --dropout=0.0 --compile=false")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "EXTRA": small,
+           "TRAIN_EXTRA": "--max_iters=20 --eval_interval=10 --eval_iters=2",
+           "BENCH_EXTRA": "--bench_iters=3 --bench_warmup=1 --sample_tokens=4"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {"seconds_to_val_1.47", "tokens_per_sec", "mfu", "peak_memory_mb"} <= summary.keys()
+    assert summary["tokens_per_sec"] > 0 and (tmp_path / "out" / "sample.txt").read_text().startswith("ROMEO:")
