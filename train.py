@@ -10,7 +10,7 @@ from pathlib import Path
 from gpt.console import interrupt_quietly_while_loading, loaded, output_may_close
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
-from gpt.sweep import runner  # noqa: E402
+from gpt.sweep import runner, submit  # noqa: E402
 from gpt.train import loop, resume, signals, source  # noqa: E402
 from gpt.cli import SECTIONS, help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
@@ -36,6 +36,10 @@ def run(argv: list[str]) -> int:
         sweeping = bool(args.sweep) or grid.seeds > 1
         if sweeping:
             return runner.run(args, argv)
+        if grid.launcher != "local":
+            raise UserError(f"launcher={grid.launcher} runs the runs of a sweep, but this is one run; give "
+                            "--sweep name=a,b or --seeds=N, or leave --launcher out")
+        submit.check_options(args, grid.launcher)
         if grid.jobs > 1:
             raise UserError(f"jobs={grid.jobs} runs several runs of a sweep at once, but this is one run; "
                             "give --sweep name=a,b or --seeds=N, or leave --jobs out")

@@ -22,7 +22,8 @@ from .errors import UserError
 CONFIG_DIR = REPO_ROOT / "configs"
 
 SECTIONS = (GPTConfig, TrainConfig, SweepConfig)
-RESERVED_AXES = ("seed", "seeds", "jobs", "out_dir", "resume", "overwrite")   # a sweep sets these itself
+# a sweep sets these itself, and takes its own options (seeds, jobs, launcher, slurm_*) once
+RESERVED_AXES = ("seed", "out_dir", "resume", "overwrite", *SweepConfig.__dataclass_fields__)
 
 
 def fields_of(sections) -> dict:

@@ -316,11 +316,27 @@ def read_by(lr_schedule: str, name: str) -> bool:
 @dataclass
 class SweepConfig:
     seeds: int = opt(1, "seeds per setting (seed, seed+1, ...)")
-    jobs: int = opt(1, "runs at once; CPU threads are split between them")
+    jobs: int = opt(1, "runs at once; CPU threads are split between them (Slurm: the job array's %N)")
+    launcher: str = opt("local", "local: runs as processes here; slurm: a Slurm job array through submitit; "
+                        "submitit_local: submitit's jobs as local processes, to try a sweep",
+                        choices=("local", "slurm", "submitit_local"))
+    slurm_partition: str = opt("", "Slurm partition; empty: the cluster's default")
+    slurm_time: int = opt(60, "minutes per run, Slurm's time limit (also submitit_local's); a run "
+                          "stopped by it saves and is requeued")
+    slurm_gpus: int = opt(0, "GPUs per run (--gpus-per-node)")
+    slurm_cpus: int = opt(0, "CPUs per run (--cpus-per-task); 0: Slurm's default")
+    slurm_mem: str = opt("", "memory per run as Slurm writes it (16G); empty: Slurm's default")
+    slurm_account: str = opt("", "Slurm account to charge")
+    slurm_qos: str = opt("", "Slurm quality of service")
+    slurm_extra: str = opt("", "more #SBATCH options, separated by ';' (--constraint=a100;--exclusive)")
 
     def __post_init__(self):
         check_types(self)
-        _positive(self, "seeds", "jobs")
+        _check_choices(self)
+        _positive(self, "seeds", "jobs", "slurm_time")
+        for name in ("slurm_gpus", "slurm_cpus"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name}={getattr(self, name)} must not be negative")
 
 
 @dataclass

@@ -8,5 +8,6 @@ isolated, can go side by side (--jobs), and a sweep started again skips finished
 resumes interrupted ones. The report reads only DIR/sweep.json and the run folders' config.json,
 metrics.jsonl and result.json.
 
-grid.py makes the runs, runner.py runs them, report.py and plots.py read what they wrote.
+grid.py makes the runs, runner.py runs them (submit.py and job.py as submitit jobs, --launcher=slurm;
+queue.py and status.py follow those jobs), report.py and plots.py read what they wrote.
 """

@@ -289,6 +289,10 @@ def report(out_dir: Path) -> str:
     if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
         table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "
                   f"log.txt, and the sweep's command tries them again): " + ", ".join(failed) + ".")
+    missing = [r for r in rows if r["status"] == "not run"]
+    if missing:     # a sweep whose jobs still run: its means are of the runs ended so far
+        table = (f"Partial: {len(rows) - len(missing)} of {len(rows)} runs have a result; {len(missing)} are "
+                 "queued, running or not started yet.\n\n" + table)
     older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
     if older:
         table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "
@@ -319,14 +323,21 @@ def report(out_dir: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    usage = "usage: python -m gpt.sweep report DIR"
+    usage = ("usage: python -m gpt.sweep report DIR\n"
+             "       python -m gpt.sweep status DIR\n"
+             "       python -m gpt.sweep cancel DIR")
     if {"-h", "--help"} & set(argv):
-        print(f"{usage}\n\nWrites DIR/sweep.csv, summary.md, curves.png and diagnostics.png for the sweep "
-              "in DIR.\nSweeps run with: python train.py --config NAME --sweep name=v1,v2 ...")
+        print(f"{usage}\n\nreport writes DIR/sweep.csv, summary.md, curves.png and diagnostics.png for the "
+              "sweep in DIR.\nstatus shows a submitted sweep's runs done, running, queued and failed (exit "
+              "status 0 while some are queued or running);\ncancel cancels its queued and running jobs.\n"
+              "Sweeps run with: python train.py --config NAME --sweep name=v1,v2 ... [--launcher=slurm]")
         return 0
-    if len(argv) != 2 or argv[0] != "report":
+    if len(argv) != 2 or argv[0] not in ("report", "status", "cancel"):
         print(usage, file=sys.stderr)
         return 2
+    if argv[0] != "report":
+        from .status import main as follow     # it reads this module's collect()
+        return follow(argv[0], argv[1])
     try:
         report(Path(user_path(argv[1], "DIR")))
     except UserError as e:

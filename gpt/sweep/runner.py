@@ -21,6 +21,7 @@ from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals
 from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
                    read_json, run_command, run_threads)
+from . import submit
 from .report import report
 
 
@@ -37,6 +38,7 @@ def run(args, argv: list[str]) -> int:
         if name in values and not values[name].strip():
             raise UserError(f"{name} is empty; give a folder name")
     sweep_cfg = build(SweepConfig, values)
+    submit.check_options(args, sweep_cfg.launcher)
     # absolute, because each run's process starts in the repository root
     out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
     values["out_dir"] = str(out_dir)
@@ -94,18 +96,26 @@ def run(args, argv: list[str]) -> int:
                    {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
                     "command": " ".join(["python", "train.py", *argv]),
                     **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {})})
-        return _run_grid(values, sweep_cfg.jobs, runs, run_cfgs, ended, out_dir)
+        todo = _unfinished(runs, run_cfgs, ended)
+        if sweep_cfg.launcher != "local":
+            return submit.launch(values, sweep_cfg, todo, len(runs), out_dir)
+        return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir)
 
 
-def _run_grid(values: dict, jobs: int, runs: list[Run], run_cfgs, ended: list[bool], out_dir: Path) -> int:
-    todo = []                                        # failed runs are tried again
+def _unfinished(runs: list[Run], run_cfgs, ended: list[bool]) -> list[tuple[Run, int]]:
+    """The runs to start, with their max_iters: failed runs are tried again."""
+    todo = []
     for r, (_, cfg), end in zip(runs, run_cfgs, ended):
         if end:
             continue
         if finished_by_checkpoint(r, cfg.max_iters):
             write_json(r.folder / "result.json", {"status": "finished", "returncode": 0, "wall_s": None})
         else:
-            todo.append(r)
+            todo.append((r, cfg.max_iters))
+    return todo
+
+
+def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir: Path) -> int:
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)

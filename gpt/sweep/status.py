@@ -1,0 +1,80 @@
+"""python -m gpt.sweep status|cancel DIR: where a submitted sweep's runs stand, and stopping its jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+from ..config import user_path
+from ..errors import UserError
+from . import queue
+from .grid import DONE, expand, read_json
+from .report import collect
+
+
+def last_line(folder: Path) -> str:
+    try:
+        lines = [line for line in (folder / "log.txt").read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log.txt"
+    return lines[-1].strip()[:200] if lines else "log.txt is empty"
+
+
+def standing(out_dir: Path) -> dict[str, list[str]]:
+    """Run folder names by where they stand: done, running, queued, failed, not submitted."""
+    sweep, _ = collect(out_dir)
+    found = queue.states(queue.read(out_dir))
+    groups = {key: [] for key in ("done", "running", "queued", "failed", "not submitted")}
+    for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], out_dir):
+        path = r.folder / "result.json"
+        status = read_json(path).get("status") if path.exists() else None
+        job = found.get(r.folder.name)
+        key = ("done" if status in DONE else "failed" if status else job if job in ("running", "queued")
+               else "failed" if job else "not submitted")
+        groups[key].append(r.folder.name)
+    return groups
+
+
+def status(out_dir: Path) -> int:
+    """Print the runs by where they stand; 0 while some are queued or running, 1 once none is."""
+    groups = standing(out_dir)
+    print(", ".join(f"{len(names)} {key}" for key, names in groups.items()))
+    for key in ("running", "queued", "not submitted"):
+        for name in groups[key]:
+            print(f"  {key}: {name}")
+    for name in groups["failed"]:
+        print(f"  failed: {name}: {last_line(out_dir / name)}")
+    return 0 if groups["running"] or groups["queued"] else 1
+
+
+def cancel(out_dir: Path) -> int:
+    """Cancel the queued and running jobs; a running run saves its checkpoint as its job ends."""
+    collect(out_dir)        # a sweep folder, or one line saying it is not
+    record = queue.read(out_dir)
+    found = queue.states(record)
+    live = [name for name, state in found.items() if state in ("queued", "running")]
+    if not live:
+        print("no job of this sweep is queued or running")
+        return 0
+    if record.get("launcher") == "slurm":
+        queue.slurm_tool(["scancel", *sorted({record["jobs"][name]["id"] for name in live})])
+    else:
+        if record.get("submitter") and queue.process_exists(record["submitter"]):
+            os.kill(record["submitter"], signal.SIGTERM)    # the waiting sweep stops its own jobs
+        for name in live:
+            if record["jobs"][name].get("id"):
+                os.kill(int(record["jobs"][name]["id"]), signal.SIGINT)
+    print(f"cancelled {len(live)} run{'s' * (len(live) != 1)}: {', '.join(live)}; the sweep's command "
+          "submits them again, and each resumes from its checkpoint")
+    return 0
+
+
+def main(command: str, folder: str) -> int:
+    try:
+        out_dir = Path(user_path(folder, "DIR"))
+        return status(out_dir) if command == "status" else cancel(out_dir)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
