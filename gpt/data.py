@@ -61,6 +61,16 @@ def bpc(loss: float) -> float:
     return loss / math.log(2)
 
 
+def token_ids(path: Path) -> np.ndarray:
+    """A split's uint16 token ids, mapped from disk rather than read: a split may outgrow memory."""
+    if not path.is_file():
+        raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
+    size = path.stat().st_size
+    if size % 2:
+        raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
+    return np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+
+
 # ---------------------------------------------------------------- batches
 
 class Batches:
@@ -74,12 +84,7 @@ class Batches:
         self.data, self.ids = {}, {}
         for split in ("train", "val"):
             path = folder / f"{split}.bin"
-            if not path.is_file():
-                raise UserError(f"{path} is not a file; remove it and prepare the dataset again")
-            size = path.stat().st_size
-            if size % 2:
-                raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
-            ids = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+            ids = token_ids(path)
             if len(ids) < block_size + 1:
                 raise UserError(f"{split} split of {folder} has {len(ids)} tokens, too few for "
                                 f"block_size={block_size}; lower block_size or use more text")

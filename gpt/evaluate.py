@@ -25,7 +25,7 @@ from . import checkpoint
 from .cli import help_text, parse_argv
 from .config import _check_choices, _named, build, check_types, opt, user_path
 from .console import interrupt_in_one_line, output_may_close, to_json
-from .data import bpc, load_meta, per_character
+from .data import bpc, load_meta, per_character, token_ids
 from .errors import UserError
 from .memory import out_of_memory_in_one_line
 from .progress import progress
@@ -146,12 +146,7 @@ def read_split(folder: Path, split: str) -> np.ndarray:
     path = folder / f"{split}.bin"
     if split == "test" and not path.exists():
         raise UserError(f"{folder} has no test.bin: this dataset has no test split; give --split=val")
-    if not path.is_file():
-        raise UserError(f"{path} is {'not a file' if path.exists() else 'missing'}; prepare the dataset again")
-    size = path.stat().st_size
-    if size % 2:
-        raise UserError(f"{path} has an odd number of bytes; it is not uint16 token ids")
-    ids = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+    ids = token_ids(path)
     if len(ids) < 2:
         raise UserError(f"{path} holds {len(ids)} token{'s' * (len(ids) != 1)}; scoring needs at least 2")
     return ids

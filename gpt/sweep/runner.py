@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..progress import duration
 from ..train.loop import DIVERGED_EXIT, loss_text
 from ..train.rundir import listed_in, run_record, write_json
-from ..train.signals import SWEEP_PID, catch_signals
+from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
 from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
                    read_json, run_command, run_threads)
 from . import submit
@@ -122,7 +122,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir
     running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
     done, walls = len(runs) - len(todo), []          # walls: the seconds of the runs ended here
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
-    previous = catch_signals(_interrupt)
+    previous = catch_signals(raise_on_signal)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
     try:
         while todo or running:
@@ -174,12 +174,6 @@ def _stop(running: dict, done: int, total: int) -> None:
         if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
             done += 1
             _record(entry, code, done, total)
-
-
-def _interrupt(signum, frame):
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
 
 
 def _done(folder: Path) -> bool:

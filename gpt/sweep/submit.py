@@ -16,7 +16,7 @@ from pathlib import Path
 from ..config import REPO_ROOT, SweepConfig
 from ..console import Terminated
 from ..errors import UserError
-from ..train.signals import catch_signals
+from ..train.signals import catch_signals, raise_on_signal
 from . import queue
 from .grid import DONE, Run, final_eval, read_json, run_threads
 from .job import RunJob
@@ -132,7 +132,7 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[Run, int]]
     """submitit's local jobs, --jobs at a time; Ctrl-C or SIGTERM stops them, and each run saves."""
     queue.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
     running, threads, submitted = {}, run_threads(jobs), [r for r, _ in todo]
-    previous = catch_signals(_interrupt)
+    previous = catch_signals(raise_on_signal)
     try:
         while todo or running:
             while todo and len(running) < jobs:
@@ -160,12 +160,6 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[Run, int]]
         print(f"{len(failed)} of {len(submitted)} runs did not finish (see log.txt in their folders, e.g. "
               f"{failed[0].folder / 'log.txt'}); run the same command again to retry them", file=sys.stderr)
     return 1 if failed else 0
-
-
-def _interrupt(signum, frame):
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise Terminated(signum)
 
 
 def _status(folder: Path) -> str:

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 
+from ..console import Terminated
 from ..errors import UserError
 
 # besides Ctrl-C: a kill, and a terminal closing under the run (no SIGHUP on Windows)
@@ -39,6 +40,14 @@ def catch_signals(handler) -> dict:
         return {}
     return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
             if signal.getsignal(sig) is not signal.SIG_IGN}
+
+
+def raise_on_signal(signum, frame):
+    """A handler for catch_signals where a stop must unwind at once (a sweep waiting on its runs):
+    Ctrl-C as KeyboardInterrupt, the others as Terminated."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
 
 
 class StopRequest:
