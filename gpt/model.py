@@ -88,6 +88,17 @@ def make_norm(config: GPTConfig, width: int | None = None) -> nn.Module:
 
 
 
+def score_bias(slopes: torch.Tensor | None, start: int, T: int, device) -> torch.Tensor | None:
+    """Additive score bias for queries at start..start+T-1 over keys 0..start+T-1: ALiBi's (nh,
+    T, T_k) where slopes are given, else the causal mask, which one new query does not need."""
+    if slopes is not None:
+        return alibi_bias(slopes, start, T, start + T)                     # (nh, T, T_k)
+    if start == 0 or T > 1:
+        allowed = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(start)
+        return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
+    return None     # one new query may see every cached key
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
@@ -102,23 +113,13 @@ class CausalSelfAttention(nn.Module):
         # one norm over the head size, shared by the heads, before rotary (as Qwen 3 does)
         self.q_norm = make_norm(config, config.head_size) if config.qk_norm else skip
         self.k_norm = make_norm(config, config.head_size) if config.qk_norm else skip
-        if config.pos_encoding == "alibi":
-            self.register_buffer("slopes", alibi_slopes(config.n_head), persistent=False)
-        else:
-            self.slopes = None
+        self.alibi = config.pos_encoding == "alibi"
         self.keep_weights = False   # set by GPT.attention_maps; then self.weights holds (B, nh, T, T)
         self.weights = None
 
-    def _bias(self, start: int, T: int, device) -> torch.Tensor | None:
-        """Additive score bias for queries at start..start+T-1 over keys 0..start+T-1."""
-        if self.slopes is not None:
-            return alibi_bias(self.slopes, start, T, start + T)               # (nh, T, T_k)
-        if start == 0 or T > 1:
-            allowed = torch.ones(T, start + T, dtype=torch.bool, device=device).tril(start)
-            return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
-        return None     # one new query may see every cached key
-
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """bias: score_bias for this forward's queries, built once by GPT.hidden for every layer."""
         B, T, C = x.size()
         kv = self.n_kv_head * self.head_size
         q, k, v = self.c_attn(x).split([C, kv, kv], dim=2)
@@ -133,19 +134,15 @@ class CausalSelfAttention(nn.Module):
             cache.v[self.layer, :, :, start:start + T] = v
             k = cache.k[self.layer, :, :, :start + T]                      # (B, nkv, T_k, hs)
             v = cache.v[self.layer, :, :, :start + T]
-        if self.n_kv_head != self.n_head:
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, T_k, hs)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
         dropout = self.dropout if self.training else 0.0
-        # without ALiBi or cached keys, SDPA's causal kernel needs no mask and is the fastest path
-        fast_causal = self.slopes is None and start == 0
-        bias = None if fast_causal else self._bias(start, T, x.device)
+        fast_causal = not self.alibi and start == 0
         y = cpu.attention(q, k, v, bias, dropout, fast_causal)   # SDPA; on a CPU, float32
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
             # at least float32, with autocast off, as a CPU's attention runs (a GPU's rounds more)
             with torch.no_grad(), cpu.exact_matmuls(), torch.autocast(x.device.type, enabled=False):
-                bias = self._bias(start, T, x.device) if fast_causal else bias
+                bias = score_bias(None, start, T, x.device) if fast_causal else bias
                 wide = torch.promote_types(q.dtype, torch.float32)
+                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)    # (B, nh, T_k, hs)
                 q, k = q.to(wide), k.to(wide)
                 scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
                 self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
@@ -182,8 +179,8 @@ class Block(nn.Module):
         self.ln_2_out = output_norm(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
-    def forward(self, x, start: int = 0, cache: KVCache | None = None):
-        x = self.sublayer(x, lambda h: self.attn(h, start, cache), self.ln_1, self.ln_1_out)
+    def forward(self, x, start: int = 0, cache: KVCache | None = None, bias: torch.Tensor | None = None):
+        x = self.sublayer(x, lambda h: self.attn(h, start, cache, bias), self.ln_1, self.ln_1_out)
         return self.sublayer(x, self.mlp, self.ln_2, self.ln_2_out)
 
 
@@ -200,8 +197,8 @@ class ParallelBlock(nn.Module):
         self.ln_1_out = output_norm(config)
         self.sublayer = SUBLAYER[(config.norm_placement, config.residual)]
 
-    def forward(self, x, start: int = 0, cache: KVCache | None = None):
-        return self.sublayer(x, lambda h: self.attn(h, start, cache) + self.mlp(h), self.ln_1,
+    def forward(self, x, start: int = 0, cache: KVCache | None = None, bias: torch.Tensor | None = None):
+        return self.sublayer(x, lambda h: self.attn(h, start, cache, bias) + self.mlp(h), self.ln_1,
                              self.ln_1_out)
 
 
@@ -227,6 +224,9 @@ class GPT(nn.Module):
             # same size, as a learned table would start. Unscaled, it drowns the tokens.
             table = sinusoidal_table(config.block_size, config.n_embd) * (0.02 * math.sqrt(2))
             self.register_buffer("pos_table", table, persistent=False)
+        # ALiBi's per-head slopes, the same in every layer: one bias serves them all
+        self.register_buffer("slopes", alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None,
+                             persistent=False)
         self._init_weights()
         cpu.lay_out_weights(self)     # for CPU sampling speed; values unchanged
 
@@ -268,8 +268,10 @@ class GPT(nn.Module):
         if self.config.scale_embeddings:    # tokens and positions alike: they keep their balance
             x = x * math.sqrt(self.config.n_embd)
         x = self.transformer.drop(x)
+        # one mask (or ALiBi bias) for all layers; none where SDPA's causal kernel serves, the fastest
+        bias = None if self.slopes is None and start == 0 else score_bias(self.slopes, start, T, idx.device)
         for block in self.transformer.h:
-            x = block(x, start, cache)
+            x = block(x, start, cache, bias)
         if cache is not None:
             cache.pos += T
         return self.transformer.ln_f(x)

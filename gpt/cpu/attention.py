@@ -45,7 +45,8 @@ class _ExactAttention(torch.autograd.Function):
 
 
 def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Tensor:
-    """F.scaled_dot_product_attention, the same arguments; on a CPU in float32, and exact there."""
+    """F.scaled_dot_product_attention, the same arguments; on a CPU in float32, and exact there.
+    k and v may have fewer heads than q (grouped-query attention), each shared by a group of q's."""
     if q.device.type == "cpu":
         if q.dtype in (torch.bfloat16, torch.float16):
             # its bfloat16 kernel is slower backward than the linear layers gain (compiled too)
@@ -54,9 +55,15 @@ def attention(q, k, v, attn_mask, dropout_p: float, is_causal: bool) -> torch.Te
             return y.to(q.dtype)
         # torch.compile cannot trace the check; it makes its own attention kernels anyway
         if not torch.compiler.is_compiling() and cpu_rounds_matmuls():
+            k, v = _repeat_kv(k, q.size(1)), _repeat_kv(v, q.size(1))     # its matmuls want every head
             return _ExactAttention.apply(q, k, v, attn_mask, dropout_p, is_causal)
     if attn_mask is not None:
         attn_mask = attn_mask.to(q.dtype)       # float32 as made; SDPA wants the queries' dtype
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
-                                          is_causal=is_causal)
+                                          is_causal=is_causal, enable_gqa=k.size(1) != q.size(1))
+
+
+def _repeat_kv(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Keys or values (B, nkv, T, hs) with each head repeated for its group of queries: (B, nh, T, hs)."""
+    return x if x.size(1) == n_head else x.repeat_interleave(n_head // x.size(1), dim=1)
 
