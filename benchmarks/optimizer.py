@@ -34,11 +34,16 @@ import sys, torch
 sys.path.insert(0, {root!r})
 import gpt.train.setup as setup
 if {torch_arm}:
+    class AdamW(torch.optim.AdamW):
+        def step(self, found_inf=None):     # torch's fused kernel reads the flag from here
+            self.found_inf = found_inf
+            return super().step()
+
     def make_optimizer(model, cfg):
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [{{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay}},
                   {{"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}}]
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=True)
+        return AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=True)
     setup.make_optimizer = make_optimizer
 import train
 sys.exit(train.main(sys.argv[1:]))

@@ -26,7 +26,9 @@ class AdamW:
                       for g in self.param_groups for p in g["params"]}
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        """One update; with found_inf (a float tensor on the parameters' device) non-zero, none: the
+        kernel skips the update itself, so the caller need not read the flag back from the device."""
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -38,7 +40,10 @@ class AdamW:
             torch._fused_adamw_(params, [p.grad for p in params], [s["exp_avg"] for s in states],
                                 [s["exp_avg_sq"] for s in states], [], steps, amsgrad=False,
                                 lr=group["lr"], beta1=beta1, beta2=beta2,
-                                weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+                                weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                                found_inf=found_inf)
+            if found_inf is not None:   # a skipped update does not count as a step
+                torch._foreach_sub_(steps, [found_inf] * len(steps))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for group in self.param_groups:
@@ -82,14 +87,16 @@ class AdamW:
 
 
 @torch.no_grad()
-def clip_grad_norm(params, max_norm: float) -> float:
-    """The global L2 norm of the gradients; above max_norm they are scaled down to it in place.
-    torch.nn.utils.clip_grad_norm_ gives the same result but also multiplies every gradient by 1
-    on the steps it does not clip."""
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """The global L2 norm of the gradients, as a tensor on their device (reading it would wait for
+    the device); above max_norm they are scaled down to it in place, by the factor
+    torch.nn.utils.clip_grad_norm_ uses, rounded from float64 the same way, and by 1 otherwise."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return 0.0
-    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))).item()
-    if norm > max_norm:
-        torch._foreach_mul_(grads, max_norm / (norm + 1e-6))
+        return torch.zeros(())
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if max_norm != float("inf"):
+        wide = norm.double()
+        scale = torch.where(wide > max_norm, max_norm / (wide + 1e-6), 1.0).float()
+        torch._foreach_mul_(grads, scale)
     return norm

@@ -26,6 +26,7 @@ from ..memory import out_of_memory_in_one_line
 from ..progress import progress
 from . import estimate
 from .evaluate import mean_losses
+from .pending import Pending
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
 from .runtime import (TRAINING_FIX, check_compile, check_threads, compile_failure_in_one_line, join_processes,
@@ -112,7 +113,9 @@ class Loop:
         self.stop = StopRequest()
         self.summary = {"stopped_by": None}
         self.tokens_per_iter = tokens_per_step(run.model_cfg, run.cfg)
+        self.local_steps = run.cfg.gradient_accumulation_steps // run.world     # micro-batches per rank
         self.tokens_since, self.skipped = 0, 0      # tokens trained since the last evaluation
+        self.pending = Pending()
 
     def fit(self) -> dict:
         """Estimate the time the run will take, then evaluate every eval_interval steps (and at the
@@ -146,66 +149,85 @@ class Loop:
                     self.stop_at(it)
                     return it
             if it >= cfg.max_iters:
+                self.read_steps()
                 return it
-            loss, grad_norm, stopping = self.step(it)
-            self.log_step(it, lr, loss, grad_norm)
+            self.step(it)
+            logged = it % cfg.log_interval == 0
+            if logged:
+                self.read_steps()
+            self.bar.update(1)
             it += 1
-            if stopping and it < cfg.max_iters:     # at the last step, finish with the evaluation
-                self.stop_at(it)
+            # under DDP the ranks agree on a stop only where they read, so as not to wait each step
+            if (logged or run.world == 1) and self.stop_asked() and it < cfg.max_iters:
+                self.stop_at(it)        # at the last step, finish with the evaluation
                 return it
 
-    def step(self, it: int) -> tuple[float, float, bool]:
-        """One optimizer step over gradient_accumulation_steps micro-batches: (mean loss, gradient
-        norm before clipping, whether a stop was asked for). A non-finite one is skipped or ends
-        the run."""
+    def step(self, it: int) -> None:
+        """One optimizer step over gradient_accumulation_steps micro-batches, queued on the device
+        without waiting for it: the loss and the gradient norm go to self.pending, and a step
+        where either is not finite is skipped by the optimizer itself (found_inf)."""
         run, cfg = self.run, self.cfg
-        local_steps = cfg.gradient_accumulation_steps // run.world
         xs, ys = run.batches.draw("train", cfg.gradient_accumulation_steps)
-        mine = slice(run.rank * local_steps, (run.rank + 1) * local_steps)
+        mine = slice(run.rank * self.local_steps, (run.rank + 1) * self.local_steps)
         xs, ys = xs[mine], ys[mine]                       # (local_steps, B, T)
         loss_sum = torch.zeros((), device=run.device)
-        for micro in range(local_steps):
+        for micro in range(self.local_steps):
             if run.world > 1:   # one gradient all-reduce per step, not one per micro-step
-                run.model.require_backward_grad_sync = micro == local_steps - 1
+                run.model.require_backward_grad_sync = micro == self.local_steps - 1
             if run.model_cfg.dropout:   # its masks follow the micro-batch's place in the run
                 torch.manual_seed(dropout_seed(cfg.seed, it * cfg.gradient_accumulation_steps
-                                               + run.rank * local_steps + micro))
-            loss_sum += run.backward(run.model, xs[micro], ys[micro], local_steps).detach()
-        stopping = self.stop.signal is not None
-        if run.world > 1:   # the stop flag rides along, so every rank stops after the same step
-            flags = torch.stack([loss_sum, torch.tensor(float(stopping), device=run.device)])
-            torch.distributed.all_reduce(flags)
-            loss_sum, stopping = flags[0] / run.world, flags[1].item() > 0
-        loss_value = loss_sum.item() / local_steps
+                                               + run.rank * self.local_steps + micro))
+            loss_sum += run.backward(run.model, xs[micro], ys[micro], self.local_steps).detach()
+        if run.world > 1:   # the mean over ranks, so that every rank skips the same steps
+            torch.distributed.all_reduce(loss_sum)
+            loss_sum = loss_sum / run.world
         grad_norm = clip_grad_norm(run.params, cfg.grad_clip or float("inf"))
-        if math.isfinite(loss_value) and math.isfinite(grad_norm):
-            run.optimizer.step()
-            self.tokens_since += self.tokens_per_iter
-        else:
-            if run.master:
-                run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
-                                 "loss": str(loss_value), "grad_norm": str(grad_norm)})
-            if not cfg.skip_nonfinite:
-                raise self.diverged(f"loss became {loss_value} (gradient norm {grad_norm})", it)
-            self.skipped += 1
+        nonfinite = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()
+        run.optimizer.step(found_inf=nonfinite)
         run.optimizer.zero_grad(set_to_none=True)
-        return loss_value, grad_norm, stopping
+        self.pending.add(it, loss_sum, grad_norm)
+        self.tokens_since += self.tokens_per_iter
 
-    def log_step(self, it: int, lr: float, loss: float, grad_norm: float) -> None:
-        # a step's time runs from the previous step's end: logging and the bar count too
-        step_ms, self.step_end = 1000 * (time.perf_counter() - self.step_end), time.perf_counter()
-        if self.run.master and it % self.cfg.log_interval == 0:
-            self.run.metrics.log({"kind": "train", "iter": it, "loss": loss, "lr": lr,
-                                  "grad_norm": grad_norm, "ms": step_ms})
-        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.1e}",
+    def read_steps(self) -> None:
+        """Read the steps queued since the last read: log each non-finite one (and end the run at
+        the first, unless skip_nonfinite) and the train row of each log_interval-th."""
+        run, cfg = self.run, self.cfg
+        steps = self.pending.read()
+        if not steps:
+            return
+        # a step's time runs from the previous read's end: logging and the bar count too
+        step_ms, self.step_end = 1000 * (time.perf_counter() - self.step_end) / len(steps), time.perf_counter()
+        for it, loss_sum, grad_norm in steps:
+            loss = loss_sum / self.local_steps
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                if run.master:
+                    run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite",
+                                     "loss": str(loss), "grad_norm": str(grad_norm)})
+                if not cfg.skip_nonfinite:
+                    raise self.diverged(f"loss became {loss} (gradient norm {grad_norm})", it)
+                self.skipped += 1
+                self.tokens_since -= self.tokens_per_iter      # skipped: not trained
+            if run.master and it % cfg.log_interval == 0:
+                run.metrics.log({"kind": "train", "iter": it, "loss": loss, "lr": lr_at(it, cfg),
+                                 "grad_norm": grad_norm, "ms": step_ms})
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr_at(it, cfg):.1e}",
                              tok_s=f"{self.tokens_per_iter / step_ms * 1000:,.0f}", refresh=False)
-        self.bar.update(1)
+
+    def stop_asked(self) -> bool:
+        """Whether a stop signal came; under DDP, whether one came to any rank, so all stop together."""
+        stopping = self.stop.signal is not None
+        if self.run.world > 1:
+            flag = torch.tensor(float(stopping), device=self.run.device)
+            torch.distributed.all_reduce(flag)
+            stopping = flag.item() > 0
+        return stopping
 
     def evaluate(self, it: int, lr: float) -> bool:
         """Score both splits, log them with the diagnostics, and save (ckpt_best.pt too when val
         improved); False when a stop signal came meanwhile: an evaluation can take minutes, and it
         runs again on resuming."""
         run, cfg, at = self.run, self.cfg, self.run.at
+        self.read_steps()       # a non-finite step before it ends the run before anything is saved
         since_tick = time.perf_counter() - self.tick
         # under DDP the ranks finish it together; the last one, which no resume would repeat, always
         stoppable = it < cfg.max_iters and run.world == 1
@@ -296,6 +318,7 @@ class Loop:
     def stop_at(self, it: int) -> None:
         """End the run at iteration it on a stop signal, saving the steps made since the last save."""
         run, out_dir = self.run, self.run.out_dir
+        self.read_steps()
         signal_name = self.stop.signal or "a signal to another process"
         if run.master:
             if it > run.at.start_iter:
