@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import socket
 import re
@@ -8,6 +9,7 @@ import subprocess
 import pytest
 
 import train
+from gpt import checkpoint
 from conftest import ROOT, make_text, tiny_args
 
 
@@ -56,6 +58,51 @@ def test_every_rank_ends_alike_when_a_resume_at_the_end_only_mends_the_best_copy
     assert proc.returncode == 0, "\n".join(ranks)[-3000:]
     assert proc.stdout.count("done: the run had already reached iteration 4") == 1     # rank 0 alone
     assert (out / "ckpt_best.pt").read_bytes() == (out / "ckpt.pt").read_bytes()
+
+
+# rank 1 alone gets a nan loss at iteration 2 and a stop signal at iteration 5
+ONE_RANK_HIT = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from gpt.model import GPT
+from gpt.train.loop import Loop
+forward, step, calls = GPT.forward, Loop.step, [0]
+
+def poisoned(self, idx, targets=None):
+    logits, loss = forward(self, idx, targets)
+    if self.training and targets is not None and os.environ["RANK"] == "1":
+        calls[0] += 1
+        loss = loss * float("nan") if calls[0] == 3 else loss
+    return logits, loss
+
+def signalled(self, it):
+    if it == 5 and os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGTERM)
+    step(self, it)
+GPT.forward, Loop.step = poisoned, signalled
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_the_ranks_skip_the_same_nonfinite_step_and_stop_together_at_the_next_read(data_dir, tmp_path):
+    script = tmp_path / "hit.py"
+    script.write_text(ONE_RANK_HIT.format(root=str(ROOT)))
+    out = tmp_path / "run"
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", str(script),
+                           *tiny_args(data_dir, out, "--max_iters=12", "--eval_interval=12", "--log_interval=4",
+                                      "--gradient_accumulation_steps=2", "--skip_nonfinite=true")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # a stopped run exits as stopped by a signal, so torchrun reports it as failed
+    assert "a signal to another process: saved" in proc.stdout, proc.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    # the step after the log at 8 is the first the ranks agree to stop after
+    assert [(r["iter"], r["event"]) for r in rows if r["kind"] == "event"] == [
+        (2, "nonfinite"), (9, "stopped by a signal to another process")]
+    assert [r["iter"] for r in rows if r["kind"] == "train"] == [0, 4, 8]
+    assert all(math.isfinite(r["loss"]) for r in rows if r["kind"] == "train")
+    assert checkpoint.load(out / "ckpt.pt")["iter"] == 9
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None or not hasattr(os, "mkfifo"),
