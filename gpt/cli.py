@@ -12,11 +12,13 @@ import datetime
 import difflib
 import math
 import re
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (REPLACED, REPO_ROOT, SPELLED, GPTConfig, SweepConfig, TrainConfig, field_type, user_path)
+from .config import (REPLACED, REPO_ROOT, SPELLED, GPTConfig, SweepConfig, TrainConfig, build, field_type,
+                     user_path)
 from .errors import UserError
 
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -348,3 +350,21 @@ def help_text(prog: str, sections=SECTIONS, hidden=()) -> str:
         lines.append("")
     lines.append("docs/options.md tells each option at length.")
     return "\n".join(lines)
+
+
+def run_command(prog: str, config_type, argv: list[str] | None, act, show) -> int:
+    """The main() of a command over one config section: --help, or the arguments built into
+    config_type and act(cfg)'s result printed as show(cfg, result); a UserError is one line on
+    stderr and exit status 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text(prog, (config_type,)))
+        return 0
+    try:
+        cfg = build(config_type, parse_argv(argv, (config_type,)).values)
+        result = act(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(show(cfg, result))
+    return 0

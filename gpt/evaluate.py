@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint
-from .cli import help_text, parse_argv
-from .config import _check_choices, _named, build, check_types, opt, user_path
+from .cli import run_command
+from .config import _check_choices, _named, check_types, opt, user_path
 from .console import interrupt_in_one_line, output_may_close, to_json
 from .data import bpc, load_meta, per_character, token_ids
 from .errors import UserError
@@ -189,18 +189,8 @@ JSON_KEYS = ("split", "tokens", "loss", "bpc", "perplexity")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(help_text("-m gpt.evaluate", (EvaluateConfig,)))
-        return 0
-    try:
-        cfg = build(EvaluateConfig, parse_argv(argv, (EvaluateConfig,)).values)
-        result = evaluate(cfg)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(to_json({k: result[k] for k in JSON_KEYS}) if cfg.json else report(result))
-    return 0
+    return run_command("-m gpt.evaluate", EvaluateConfig, argv, evaluate,
+                       lambda cfg, result: to_json({k: result[k] for k in JSON_KEYS}) if cfg.json else report(result))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .cli import help_text, parse_argv, shown
-from .config import GPTConfig, _check_choices, _named, build, check_types, opt, user_path
+from .cli import run_command, shown
+from .config import GPTConfig, _check_choices, _named, check_types, opt, user_path
 from .console import interrupt_in_one_line, output_may_close
 from .errors import UserError, first_line
 from .tokenizers import TiktokenTokenizer
@@ -421,18 +421,8 @@ def report(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "-h" in argv or "--help" in argv:
-        print(help_text("-m gpt.export", (ExportConfig,)))
-        return 0
-    try:
-        cfg = build(ExportConfig, parse_argv(argv, (ExportConfig,)).values)
-        result = export(cfg)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(report(result))
-    return 0
+    return run_command("-m gpt.export", ExportConfig, argv, export,
+                       lambda cfg, result: report(result))
 
 
 if __name__ == "__main__":
