@@ -10,6 +10,7 @@ import train
 from conftest import tiny_args
 from gpt import checkpoint
 from gpt.generate import generate
+from gpt.train.loop import Loop
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -42,3 +43,18 @@ def test_greedy_samples_on_the_gpu_are_the_cpus(data_dir, tmp_path):
     a = generate(cpu_model, idx, 20, temperature=0)
     b = generate(gpu_model, idx.cuda(), 20, temperature=0).cpu()
     assert torch.equal(a, b)
+
+
+def test_a_training_step_on_the_gpu_never_waits_for_it(data_dir, tmp_path, monkeypatch):
+    real_step = Loop.step
+
+    def step(self, it):     # any synchronising call inside a step raises
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            real_step(self, it)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    monkeypatch.setattr(Loop, "step", step)
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=6", "--device=cuda",
+                                "--gradient_accumulation_steps=2", "--grad_clip=0.01", "--dropout=0.1")) == 0

@@ -12,8 +12,14 @@ from gpt.cpu.optim import AdamW
 from gpt.data import Batches
 from gpt.train.loop import Loop
 
-# what reads a tensor's value on the host, and so waits for a GPU to get there
-READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
+# what reads a tensor's value on the host, and so waits for a GPU to get there (a copy to the
+# host, `.to("cpu")`, is counted apart below; on a GPU, tests/test_cuda.py catches every other wait)
+READS = ("item", "tolist", "cpu", "numpy", "nonzero", "copy_", "__float__", "__int__", "__bool__", "__index__")
+FUNCTIONS = ("equal", "allclose", "nonzero")
+
+
+def to_the_host(args, kwargs) -> bool:
+    return any(str(a) == "cpu" for a in (*args, *kwargs.values()))
 
 
 @pytest.fixture
@@ -30,6 +36,21 @@ def counted_reads(monkeypatch):
                 counts[place[-1]].append(_name)
             return _real(self, *args, **kwargs)
         monkeypatch.setattr(torch.Tensor, name, counted)
+    for name in FUNCTIONS:
+        real = getattr(torch, name)
+
+        def called(*args, _real=real, _name=name, **kwargs):
+            if place[-1] in ("steps", "read"):
+                counts[place[-1]].append(f"torch.{_name}")
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(torch, name, called)
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if place[-1] in ("steps", "read") and to_the_host(args, kwargs):
+            counts[place[-1]].append("to cpu")
+        return real_to(self, *args, **kwargs)
+    monkeypatch.setattr(torch.Tensor, "to", to)
 
     def inside(where, method):
         def wrapped(self, *args, **kwargs):

@@ -29,6 +29,11 @@ class AdamW:
     def step(self, found_inf: torch.Tensor | None = None) -> None:
         """One update; with found_inf (a float tensor on the parameters' device) non-zero, none: the
         kernel skips the update itself, so the caller need not read the flag back from the device."""
+        if found_inf is not None and found_inf.device.type == "mps":
+            # torch's MPS kernel has ignored found_inf: read it (the one wait, on Apple GPUs only)
+            if found_inf.item():
+                return
+            found_inf = None
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -89,14 +94,15 @@ class AdamW:
 @torch.no_grad()
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     """The global L2 norm of the gradients, as a tensor on their device (reading it would wait for
-    the device); above max_norm they are scaled down to it in place, by the factor
-    torch.nn.utils.clip_grad_norm_ uses, rounded from float64 the same way, and by 1 otherwise."""
+    the device); above max_norm they are scaled in place by max_norm / (norm + 1e-6),
+    torch.nn.utils.clip_grad_norm_'s factor, computed in float64 as Python would, else by 1."""
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
-        return torch.zeros(())
+        return torch.zeros((), device=params[0].device if params else None)
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     if max_norm != float("inf"):
-        wide = norm.double()
-        scale = torch.where(wide > max_norm, max_norm / (wide + 1e-6), 1.0).float()
+        wide = norm if norm.device.type == "mps" else norm.double()    # MPS has no float64
+        scale = torch.where(wide > max_norm, torch.full_like(wide, max_norm) / (wide + 1e-6), 1.0).float()
         torch._foreach_mul_(grads, scale)
     return norm

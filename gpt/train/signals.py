@@ -70,8 +70,10 @@ class StopRequest:
             if os.environ.get("RANK", "0") == "0":  # said at once: a step can take seconds
                 with contextlib.suppress(OSError):  # os.write: a print could land inside tqdm's
                     again = " (a second Ctrl-C stops at once)" if signum == signal.SIGINT else ""
-                    os.write(2, f"\n{self.signal}: stopping once the step or evaluation under way is "
-                                f"done{again}\n".encode())
+                    when = ("at the next log_interval-th step, where the processes agree on it"
+                            if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1") else
+                            "once the step or evaluation under way is done")
+                    os.write(2, f"\n{self.signal}: stopping {when}{again}\n".encode())
         elif signum != signal.SIGINT:
             return
         elif self.holding:
