@@ -46,6 +46,7 @@ def weights(folder: Path) -> dict:
     return torch.load(folder / "ckpt.pt", map_location="cpu", weights_only=False)["model"]
 
 
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
 def test_submitit_local_runs_a_two_by_two_sweep_end_to_end(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--sweep", "residual=true,false",
@@ -82,6 +83,7 @@ def _iters(run: Path) -> int:
     return max((json.loads(line)["iter"] for line in lines[:-1] if '"train"' in line), default=0)
 
 
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the job's process in /proc")
 def test_a_job_stopped_by_the_time_limit_signal_is_requeued_and_ends_as_an_uninterrupted_run(data_dir, tmp_path):
     args = ("--max_iters=800", "--eval_interval=100", "--seed=7", "--sweep", "residual=true")

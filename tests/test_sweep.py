@@ -107,6 +107,7 @@ def test_a_relative_out_dir_is_one_folder_wherever_the_sweep_starts(data_dir, tm
     assert (run / "ckpt.pt").exists() and (run / "result.json").exists()
 
 
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
 def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2",
@@ -227,6 +228,7 @@ def test_the_report_names_runs_whose_speed_settings_differ(data_dir, tmp_path, c
         "flush_denormal is split: false in 1 (flush_denormal=False__seed=1), true in 1 (flush_denormal=True__seed=1)"]
 
 
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
 def test_a_batch_size_sweep_that_scored_each_run_on_its_own_windows_can_go_on(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     short = ["--max_iters=2", "--eval_interval=2"]
@@ -482,6 +484,7 @@ def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     assert "is a sweep; run the sweep's own command again, without --resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
 def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
 
