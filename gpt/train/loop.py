@@ -29,8 +29,8 @@ from .evaluate import mean_losses
 from .pending import Pending
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
-from .runtime import (TRAINING_FIX, check_compile, check_threads, compile_failure_in_one_line, join_processes,
-                      process_place, resolve_device)
+from .runtime import (TRAINING_FIX, any_rank, check_compile, check_threads, compile_failure_in_one_line,
+                      join_processes, process_place, resolve_device)
 from .setup import Run, setup, tokens_per_step
 from .signals import StopRequest, end_with_the_sweep
 
@@ -110,7 +110,7 @@ class Loop:
 
     def __init__(self, run: Run):
         self.run, self.cfg = run, run.cfg
-        self.stop = StopRequest()
+        self.stop = StopRequest(shared=run.world > 1)
         self.summary = {"stopped_by": None}
         self.tokens_per_iter = tokens_per_step(run.model_cfg, run.cfg)
         self.local_steps = run.cfg.gradient_accumulation_steps // run.world     # micro-batches per rank
@@ -215,12 +215,7 @@ class Loop:
 
     def stop_asked(self) -> bool:
         """Whether a stop signal came; under DDP, whether one came to any rank, so all stop together."""
-        stopping = self.stop.signal is not None
-        if self.run.world > 1:
-            flag = torch.tensor(float(stopping), device=self.run.device)
-            torch.distributed.all_reduce(flag)
-            stopping = flag.item() > 0
-        return stopping
+        return any_rank(self.stop.signal is not None, self.run.device, self.run.world)
 
     def evaluate(self, it: int, lr: float) -> bool:
         """Score both splits, log them with the diagnostics, and save (ckpt_best.pt too when val
@@ -249,11 +244,9 @@ class Loop:
             with self.all_threads():
                 row.update(measure_diagnostics(run.raw_model, x[0], y[0], run.optimizer))
         at.last_eval = it
-        finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
-        if run.world > 1:   # all ranks must take the same branch, or the next all-reduce hangs
-            flag = torch.tensor(float(finite), device=run.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-            finite = flag.item() > 0
+        bad = not (math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"]))
+        finite = not any_rank(bad, run.device, run.world)   # all ranks must take the same branch, or the
+                                                            # next all-reduce hangs
         if run.master:
             run.metrics.log(row)
             speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet

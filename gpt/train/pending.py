@@ -17,9 +17,6 @@ class Pending:
         self.iters: list[int] = []
         self.values: list[torch.Tensor] = []
 
-    def __len__(self) -> int:
-        return len(self.iters)
-
     def add(self, it: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         self.iters.append(it)
         self.values.append(torch.stack([loss.float(), grad_norm.float()]))

@@ -142,6 +142,15 @@ def process_place() -> tuple[int, int]:
     return rank, world
 
 
+def any_rank(flag: bool, device, world: int) -> bool:
+    """Whether flag is true on any of the world processes of a torchrun (waits for all of them)."""
+    if world == 1:
+        return flag
+    together = torch.tensor(float(flag), device=device)
+    torch.distributed.all_reduce(together, op=torch.distributed.ReduceOp.MAX)
+    return together.item() > 0
+
+
 def join_processes(device: str, rank: int, world: int) -> str:
     """Connect this process to the others of a torchrun (none for one process) and make its GPU the
     current one; returns the device it trains on."""

@@ -51,11 +51,13 @@ def raise_on_signal(signum, frame):
 
 
 class StopRequest:
-    """Turns the first Ctrl-C, SIGTERM or SIGHUP into a flag the loop checks after each step. A
-    second Ctrl-C stops at once, except while a checkpoint is being written: it then waits for the
-    file. Other signals never escalate: Linux may deliver a dying sweep's SIGTERM several times."""
+    """Turns the first Ctrl-C, SIGTERM or SIGHUP into a flag the loop checks after each step (under
+    DDP, with shared=True, at the next log step). A second Ctrl-C stops at once, except while a
+    checkpoint is being written: it then waits for the file. Other signals never escalate: Linux
+    may deliver a dying sweep's SIGTERM several times."""
 
-    def __init__(self):
+    def __init__(self, shared: bool = False):
+        self.shared = shared
         self.signal = None
         self.previous = {}
         self.holding, self.pending = False, False
@@ -71,8 +73,7 @@ class StopRequest:
                 with contextlib.suppress(OSError):  # os.write: a print could land inside tqdm's
                     again = " (a second Ctrl-C stops at once)" if signum == signal.SIGINT else ""
                     when = ("at the next log_interval-th step, where the processes agree on it"
-                            if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1") else
-                            "once the step or evaluation under way is done")
+                            if self.shared else "once the step or evaluation under way is done")
                     os.write(2, f"\n{self.signal}: stopping {when}{again}\n".encode())
         elif signum != signal.SIGINT:
             return
