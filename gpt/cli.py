@@ -301,8 +301,9 @@ def shown(value) -> str:
 # --help's headings for the training options, in the order a run is thought through
 TRAIN_GROUPS = {
     "data": ("dataset", "data_dir", "data_url", "init_from"),
-    "optimisation": ("batch_size", "gradient_accumulation_steps", "max_iters", "learning_rate", "weight_decay",
-                     "beta1", "beta2", "grad_clip", "skip_nonfinite"),
+    "optimisation": ("batch_size", "gradient_accumulation_steps", "max_iters", "optimizer", "learning_rate",
+                     "weight_decay", "beta1", "beta2", "muon_lr", "muon_momentum", "muon_weight_decay",
+                     "grad_clip", "skip_nonfinite"),
     "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "cooldown_frac"),
     "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
                                    "overwrite"),

@@ -142,13 +142,23 @@ class GPTConfig:
                          "and one on the sum)")
     qk_norm: bool = opt(False, "normalise each head's queries and keys (norm_type) before their dot "
                         "product, which bounds the attention logits (Dehghani 2023)")
-    activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; swiglu and "
-                          "geglu are gated (Shazeer 2020), at 2/3 the hidden width so the MLP keeps "
-                          "about its weight count", ("gelu", "gelu_tanh", "relu", "swiglu", "geglu"))
+    activation: str = opt("gelu", "MLP non-linearity; gelu_tanh is GPT-2's approximation; relu2 is "
+                          "relu(x)^2 (Primer, So 2021); swiglu and geglu are gated (Shazeer 2020), at "
+                          "2/3 the hidden width so the MLP keeps about its weight count",
+                          ("gelu", "gelu_tanh", "relu", "relu2", "swiglu", "geglu"))
     mlp_ratio: int = opt(4, "MLP hidden width as a multiple of n_embd (2/3 of that when gated)")
     tie_weights: bool = opt(True, "share the token embedding with the output head")
     scale_embeddings: bool = opt(False, "multiply the embeddings (tokens plus positions) by sqrt(n_embd) "
                                  "on the way in, as the 2017 Transformer and Gemma do for tokens")
+    embed_norm: bool = opt(False, "a norm (norm_type) right after the embeddings, tokens plus positions "
+                           "(modded-nanogpt, nanochat)")
+    norm_affine: bool = opt(True, "norms with a learnable gain (and a bias where bias=true); false: "
+                            "plain normalisation, no norm parameters (nanochat)")
+    zero_init: bool = opt(False, "the projections that write into the residual stream (attention's "
+                          "and the MLP's c_proj) start at exactly zero, not GPT-2's scaled "
+                          "N(0, 0.02/sqrt(2 n_layer)) (modded-nanogpt, nanochat)")
+    logit_softcap: float = opt(0.0, "soft-cap the head's logits to C*tanh(logits/C) in training, "
+                               "evaluation and sampling (Gemma 2); 0: off")
 
     def __post_init__(self):
         check_types(self)
@@ -173,6 +183,9 @@ class GPTConfig:
                             "of one channel is always 0); use fewer heads or norm_type='rmsnorm'")
         if not 0.0 <= self.dropout < 1.0:
             raise UserError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.logit_softcap < 0:
+            raise UserError(f"logit_softcap={self.logit_softcap} must be positive (the logits' bound, "
+                            "e.g. 15), or 0 for no capping")
         if self.mlp_hidden < 1:
             raise UserError(f"activation={self.activation!r} leaves the MLP no hidden units at "
                             f"mlp_ratio={self.mlp_ratio} and n_embd={self.n_embd}; raise mlp_ratio")
@@ -201,7 +214,7 @@ class GPTConfig:
         """Parameters of the model this describes, shared ones once, without building it."""
         C, H, kv = self.n_embd, self.mlp_hidden, self.kv_heads * self.head_size
         fc = H * (2 if self.gated else 1)
-        per_width = 2 if self.norm_type == "layernorm" and self.bias else 1
+        per_width = (2 if self.norm_type == "layernorm" and self.bias else 1) * self.norm_affine
         norm = C * per_width
         sublayers = 1 if self.parallel else 2
         norms = sublayers * (2 if self.norm_placement == "sandwich" else 1)
@@ -212,7 +225,7 @@ class GPTConfig:
             block += (C + 2 * kv) + C + fc + C
         return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)
                 + (self.block_size * C if self.pos_encoding == "learned" else 0)
-                + (norm if self.norm_placement != "post" else 0))
+                + (norm if self.norm_placement != "post" else 0) + (norm if self.embed_norm else 0))
 
 
 @dataclass
@@ -255,6 +268,14 @@ class TrainConfig:
                            "constant at learning_rate", ("cosine", "linear", "wsd", "constant"))
     cooldown_frac: float = opt(0.2, "wsd: share of the steps between warmup and lr_decay_iters spent "
                                "cooling down to min_lr")
+    optimizer: str = opt("adamw", "adamw: AdamW (Loshchilov 2019) on every parameter; muon: Muon (Jordan "
+                         "2024) on the blocks' weight matrices, AdamW on the rest (embeddings, head, "
+                         "norms, biases), as nanochat splits them", ("adamw", "muon"))
+    muon_lr: float = opt(0.02, "optimizer=muon: peak learning rate of the blocks' matrices, under the "
+                         "run's warmup and decay like learning_rate (which the AdamW part keeps)")
+    muon_momentum: float = opt(0.95, "optimizer=muon: Muon's Nesterov momentum")
+    muon_weight_decay: float = opt(0.0, "optimizer=muon: decoupled weight decay on the blocks' matrices, "
+                                   "per step lr * this (Muon's own default is none)")
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -279,8 +300,8 @@ class TrainConfig:
         check_types(self)
         _check_choices(self)
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
-                  "eval_iters", "log_interval", "learning_rate")
-        for name in ("min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
+                  "eval_iters", "log_interval", "learning_rate", "muon_lr")
+        for name in ("muon_weight_decay", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
                      "threads", "eval_batch_size"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
@@ -297,7 +318,7 @@ class TrainConfig:
                             "(raise lr_decay_iters, lower warmup_iters, or pass --lr_schedule=constant)")
         if not 0.0 < self.cooldown_frac <= 1.0:
             raise UserError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "muon_momentum"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
 
@@ -311,6 +332,15 @@ READ_BY_SCHEDULES = {"cooldown_frac": ("wsd",), "min_lr": ("cosine", "linear", "
 def read_by(lr_schedule: str, name: str) -> bool:
     """Whether a run at lr_schedule reads the setting `name` (any setting outside the schedule's)."""
     return lr_schedule in READ_BY_SCHEDULES.get(name, (lr_schedule,))
+
+
+# the optimizers that read each of these settings; a run with another trains alike whatever they are
+READ_BY_OPTIMIZERS = {"muon_lr": ("muon",), "muon_momentum": ("muon",), "muon_weight_decay": ("muon",)}
+
+
+def read_by_optimizer(optimizer: str, name: str) -> bool:
+    """Whether a run with this optimizer reads the setting `name` (any setting outside the optimizers')."""
+    return optimizer in READ_BY_OPTIMIZERS.get(name, (optimizer,))
 
 
 @dataclass

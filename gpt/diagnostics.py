@@ -35,6 +35,7 @@ from .cpu.optim import AdamW
 from .errors import UserError
 from .memory import device_memory, out_of_memory_in_one_line
 from .model import GPT
+from .optim import MuonAdamW, muon_update
 from .progress import progress
 
 
@@ -90,18 +91,24 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
     return ent.mean(dim=(0, 2)).tolist()
 
 
-def update_ratios(blocks, optimizer: AdamW) -> list[float]:
-    """Per block, ||update|| / ||weights|| of the step AdamW's stored moments make at the group's
-    current lr (the loop sets this step's before evaluating): lr * (m_hat /
-    (sqrt(v_hat) + eps) + weight_decay * w). Around 1e-3 is the usual healthy range; much larger
-    means the weights are being rewritten each step, much smaller that the block has stalled."""
+def update_ratios(blocks, optimizer: AdamW | MuonAdamW) -> list[float]:
+    """Per block, ||update|| / ||weights|| of the step the optimizer's stored state makes at the
+    group's current lr (the loop sets this step's before evaluating). AdamW's: lr * (m_hat /
+    (sqrt(v_hat) + eps) + weight_decay * w); Muon's: its orthogonalised momentum (gpt/optim.py).
+    Around 1e-3 is AdamW's usual healthy range; much larger means the weights are being rewritten
+    each step, much smaller that the block has stalled."""
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    states = optimizer.state
     ratios = []
     for block in blocks:
         update_sq, weight_sq = 0.0, 0.0
         for p in block.parameters():
-            state, group = optimizer.state.get(p), groups[id(p)]
+            state, group = states.get(p), groups[id(p)]
             weight_sq += p.detach().float().pow(2).sum().item()
+            if state and "momentum_buffer" in state:
+                update = muon_update(p, state["momentum_buffer"], group)
+                update_sq += 0.0 if update is None else update.pow(2).sum().item()
+                continue
             if not state or float(state["step"]) == 0:      # no step taken yet
                 continue
             beta1, beta2 = group["betas"]
@@ -115,7 +122,7 @@ def update_ratios(blocks, optimizer: AdamW) -> list[float]:
 
 
 def measure(model: GPT, x: torch.Tensor, y: torch.Tensor,
-            optimizer: AdamW | None = None) -> dict:
+            optimizer: AdamW | MuonAdamW | None = None) -> dict:
     """Diagnostics on one batch; leaves the model's .grad fields and RNG untouched."""
     was_training = model.training
     model.eval()                         # no dropout: the same batch always measures the same

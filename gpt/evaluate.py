@@ -104,7 +104,7 @@ def score(model, ids, stride: int, batch_size: int = 64, desc: str = "scoring") 
             skip = torch.from_numpy(first[i:i + batch_size]).to(device)
             targets = batch[:, 1:].masked_fill(positions < skip[:, None], -1)    # -1: not scored here
             keep = T - int(first[i:i + batch_size].min())   # only these positions need logits
-            logits = model.lm_head(model.hidden(batch[:, :-1])[:, -keep:])
+            logits = model.logits(model.hidden(batch[:, :-1])[:, -keep:])
             sums.append(F.cross_entropy(logits.flatten(0, 1).float(), targets[:, -keep:].flatten(),
                                         ignore_index=-1, reduction="sum"))
             count = T * len(batch) - int(first[i:i + batch_size].sum())

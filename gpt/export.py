@@ -4,8 +4,8 @@ FOLDER gets config.json, model.safetensors and the tokenizer's files, which
 transformers.AutoModelForCausalLM and AutoTokenizer load, giving the logits this model gives.
 Only models GPT-2 computes exactly are written: learned positions (fixed sinusoids go in as the
 table they are, no positions as a table of zeros), pre-norm blocks with residuals, LayerNorm, GELU
-(exact or tanh) or ReLU, any MLP width, one key/value head per query head, a tied or untied head;
-biases a model lacks are written as zeros. Anything else is refused, naming the settings in the
+(exact or tanh), ReLU or squared ReLU, any MLP width, one key/value head per query head, a tied or
+untied head, uncapped logits; biases a model lacks are written as zeros, and norm gains as ones. Anything else is refused, naming the settings in the
 way. gpt.pretrained (GPT.from_pretrained, --init_from) reads the folder back.
 
 Tokenizers: a character model's maps exactly its characters (tokenizer.json: one token per
@@ -68,7 +68,7 @@ class ExportConfig:
 
 # ---------------------------------------------------------------- the model
 
-HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}   # exact erf; tanh; relu
+HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "relu2": "relu2"}   # erf; tanh
 
 # each setting GPT-2 has one way of: (whether config's value is that way, what GPT-2 does)
 GPT2_HAS = {
@@ -80,8 +80,10 @@ GPT2_HAS = {
     "norm_type": (lambda c: c.norm_type == "layernorm", "LayerNorm"),
     "parallel": (lambda c: not c.parallel, "attention, then the MLP"),
     "qk_norm": (lambda c: not c.qk_norm, "no QK-norm"),
-    "activation": (lambda c: c.activation in HF_ACTIVATION, "GELU or ReLU, ungated"),
+    "activation": (lambda c: c.activation in HF_ACTIVATION, "GELU or (squared) ReLU, ungated"),
     "scale_embeddings": (lambda c: not c.scale_embeddings, "unscaled embeddings"),
+    "embed_norm": (lambda c: not c.embed_norm, "no norm on the embeddings"),
+    "logit_softcap": (lambda c: not c.logit_softcap, "uncapped logits"),
 }
 
 
@@ -142,8 +144,8 @@ def hf_weights(model) -> dict[str, torch.Tensor]:
     else:
         out["transformer.wpe.weight"] = torch.zeros(config.block_size, C)
 
-    def norm(name: str, module) -> None:
-        out[f"{name}.weight"] = module.weight
+    def norm(name: str, module) -> None:     # a norm without a gain is one with a gain of 1
+        out[f"{name}.weight"] = module.weight if module.weight is not None else torch.ones(C)
         out[f"{name}.bias"] = module.bias if module.bias is not None else torch.zeros(C)
 
     def conv1d(name: str, linear) -> None:

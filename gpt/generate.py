@@ -48,7 +48,7 @@ def generate_stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
                 h = model.hidden(idx[:, -1:], cache)
         else:
             h = model.hidden(idx[:, -block:])
-        logits = model.lm_head(h[:, -1, :])                               # (B, vocab)
+        logits = model.logits(h[:, -1, :])                                # (B, vocab)
         next_token = pick_token(logits, temperature, top_k, top_p, generator)
         idx = torch.cat((idx, next_token), dim=1)
         yield next_token

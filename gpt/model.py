@@ -65,10 +65,18 @@ class Gated(nn.Module):
         return self.act(gate) * value
 
 
+class ReLU2(nn.Module):
+    """Squared ReLU, relu(x)^2 (Primer, So et al. 2021): sparse like ReLU, smooth at 0."""
+
+    def forward(self, x):
+        return F.relu(x).square()
+
+
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
     "relu": lambda: nn.ReLU(),
+    "relu2": lambda: ReLU2(),
     "swiglu": lambda: Gated(nn.SiLU()),
     "geglu": lambda: Gated(nn.GELU()),
 }
@@ -83,8 +91,8 @@ def skip(x: torch.Tensor) -> torch.Tensor:
 def make_norm(config: GPTConfig, width: int | None = None) -> nn.Module:
     width = width or config.n_embd
     if config.norm_type == "rmsnorm":
-        return nn.RMSNorm(width, eps=1e-5)
-    return nn.LayerNorm(width, eps=1e-5, bias=config.bias)
+        return nn.RMSNorm(width, eps=1e-5, elementwise_affine=config.norm_affine)
+    return nn.LayerNorm(width, eps=1e-5, elementwise_affine=config.norm_affine, bias=config.bias)
 
 
 
@@ -209,6 +217,8 @@ class GPT(nn.Module):
         parts = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
         if config.pos_encoding == "learned":
             parts["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        if config.embed_norm:
+            parts["ln_e"] = make_norm(config)
         parts["drop"] = nn.Dropout(config.dropout)
         block = ParallelBlock if config.parallel else Block
         parts["h"] = nn.ModuleList(block(config, i) for i in range(config.n_layer))
@@ -239,7 +249,9 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
+            if name.endswith("c_proj.weight") and self.config.zero_init:
+                nn.init.zeros_(p)   # each block starts as the identity; the first steps grow it
+            elif name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
 
     def num_params(self, non_embedding: bool = False) -> int:
@@ -267,6 +279,8 @@ class GPT(nn.Module):
             x = x + self.pos_table[start:start + T]
         if self.config.scale_embeddings:    # tokens and positions alike: they keep their balance
             x = x * math.sqrt(self.config.n_embd)
+        if "ln_e" in self.transformer:
+            x = self.transformer.ln_e(x)
         x = self.transformer.drop(x)
         # one mask (or ALiBi bias) for all layers; none where SDPA's causal kernel serves, the fastest
         bias = None if self.slopes is None and start == 0 else score_bias(self.slopes, start, T, idx.device)
@@ -276,9 +290,16 @@ class GPT(nn.Module):
             cache.pos += T
         return self.transformer.ln_f(x)
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The head's logits (..., vocab) for final hidden states h (..., C), soft-capped to
+        (-C, C) by C * tanh(logits / C) where logit_softcap is C (Gemma 2)."""
+        logits = self.lm_head(h)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab) and, given targets (B, T), the mean cross-entropy (-1 ignored)."""
-        logits = self.lm_head(self.hidden(idx))
+        logits = self.logits(self.hidden(idx))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),

@@ -93,7 +93,8 @@ def read_weights(folder: Path) -> tuple[Path, dict]:
                         "file, download it again") from None
 
 
-HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+                  "relu2": "relu2"}
 # GPT-2 options this model has no counterpart for, at the values it matches
 HF_FIXED = {"layer_norm_epsilon": 1e-5, "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False}
 

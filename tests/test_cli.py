@@ -45,7 +45,8 @@ def test_every_shipped_config_loads(name):
 def test_each_study_at_its_second_size_is_the_study_with_only_the_size_changed():
     wide = [name for name in available_configs() if name.startswith("sweeps/wide/")]
     assert {w.replace("wide/", "") for w in wide} == {
-        f"sweeps/{s}" for s in ("heads", "positions", "activations", "block", "sandwich", "norm_residual")}
+        f"sweeps/{s}" for s in ("heads", "positions", "activations", "block", "sandwich", "norm_residual",
+                                 "optimizer", "relu2", "softcap", "zero_init")}
     for name in wide:
         values, sweep = read_config_file(name)
         base_values, base_sweep = read_config_file(name.replace("wide/", ""))

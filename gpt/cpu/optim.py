@@ -25,6 +25,10 @@ class AdamW:
                           "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
                       for g in self.param_groups for p in g["params"]}
 
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr
+
     @torch.no_grad()
     def step(self, found_inf: torch.Tensor | None = None) -> None:
         """One update; with found_inf (a float tensor on the parameters' device) non-zero, none: the

@@ -14,8 +14,8 @@ import torch
 
 from .. import checkpoint
 from ..cli import shown
-from ..config import (NAME_MAX, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig, TrainConfig, build, read_by,
-                      user_path)
+from ..config import (NAME_MAX, READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig,
+                      TrainConfig, build, read_by, read_by_optimizer, user_path)
 from ..cpu.split import split_plan
 from ..errors import UserError
 from ..train.metrics import read_jsonl
@@ -46,7 +46,9 @@ MAX_RUNS = 100_000
 
 
 def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[Run]:
-    """Every combination of axis values (first axis slowest), each with `seeds` seeds."""
+    """Every combination of axis values (first axis slowest), each with `seeds` seeds. Where the
+    optimizer is an axis, a run of one that does not read an axis (AdamW and muon_lr) is made once,
+    and that axis is left out of its setting."""
     names = list(axes)
     count = math.prod(len(axes[n]) for n in names) * seeds
     if count > MAX_RUNS:
@@ -56,6 +58,10 @@ def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> 
     runs = []
     for values in itertools.product(*(axes[n] for n in names)):
         setting = dict(zip(names, values))
+        unread = [n for n in names if "optimizer" in setting and not read_by_optimizer(setting["optimizer"], n)]
+        if any(setting[n] != axes[n][0] for n in unread):
+            continue
+        setting = {n: v for n, v in setting.items() if n not in unread}
         for i in range(seeds):
             seed = base_seed + i
             runs.append(Run(setting, seed, out_dir / f"{setting_label(setting)}__seed={seed}"))
@@ -129,6 +135,10 @@ def check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTCon
             raise UserError(f"the axis {name}: lr_schedule={','.join(schedules)} does not read it, so the "
                             f"runs would train alike; only {', '.join(readers)} read{'s' * (len(readers) == 1)} "
                             f"it: {fix}")
+        if not any(read_by_optimizer(train_cfg.optimizer, name) for _, train_cfg in configs):
+            raise UserError(f"the axis {name}: optimizer={train_cfg.optimizer} does not read it, so the runs "
+                            f"would train alike; only {', '.join(READ_BY_OPTIMIZERS[name])} reads it: set "
+                            "--optimizer to it, or sweep optimizer too")
     return configs
 
 
@@ -163,6 +173,9 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
                 old = str((REPO_ROOT / old).resolve())
             if section == "train" and not (read_by(before.lr_schedule, f.name)
                                            or read_by(cfg.lr_schedule, f.name)):
+                continue
+            if section == "train" and not (read_by_optimizer(before.optimizer, f.name)
+                                           or read_by_optimizer(cfg.optimizer, f.name)):
                 continue
             if f.name == "eval_batch_size":     # 0 means batch_size: the windows are what counts
                 old, new = old or before.batch_size, cfg.eval_batch_size or cfg.batch_size

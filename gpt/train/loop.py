@@ -1,4 +1,4 @@
-"""The training loop: AdamW under warmup then decay, accumulation, clipping, evaluation and checkpoints.
+"""The training loop: the optimizer under warmup then decay, accumulation, clipping, evaluation and checkpoints.
 
 One optimizer step draws all of its micro-batches at once from a seeded generator, and each
 micro-batch's dropout is seeded from its place in the run, so a step is the same whether it runs
@@ -142,8 +142,7 @@ class Loop:
         it = run.at.start_iter
         while True:
             lr = lr_at(it, cfg)
-            for group in run.optimizer.param_groups:    # before evaluating: diagnostics read it
-                group["lr"] = lr
+            run.optimizer.set_lr(lr)    # before evaluating: diagnostics read it
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
                 if not self.evaluate(it, lr):
                     self.stop_at(it)

@@ -188,6 +188,10 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
         raise UserError(f"cannot resume with seed={cfg.seed}: the run's batches and dropout follow "
                         f"its seed={seed}; leave --seed out to continue it, or train with the new "
                         "seed in another --out_dir")
+    if (trained_by := ckpt["train_config"].get("optimizer", "adamw")) != cfg.optimizer:
+        raise UserError(f"cannot resume with optimizer={cfg.optimizer}: ckpt.pt holds the state of "
+                        f"optimizer={trained_by}; leave --optimizer out to continue the run, or train "
+                        f"with {cfg.optimizer} in another --out_dir")
     checkpoint.load_weights(model, ckpt)
     with checkpoint.damaged_part(out_dir / "ckpt.pt", "optimizer state"):
         optimizer.load_state_dict(ckpt["optimizer"])

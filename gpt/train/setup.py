@@ -21,6 +21,7 @@ from ..datasets import ensure_prepared
 from ..diagnostics import unigram_loss
 from ..errors import UserError
 from ..model import GPT
+from ..optim import MuonAdamW, make_optimizer
 from ..progress import progress
 from . import resume, rundir, source
 from .evaluate import mean_losses
@@ -45,7 +46,7 @@ class Run:
     model: torch.nn.Module
     raw_model: GPT
     params: list[torch.Tensor]
-    optimizer: AdamW
+    optimizer: AdamW | MuonAdamW
     metrics: Metrics
     split: RowSplit | None          # each micro-batch's rows over threads (thread_split), or None
     at: resume.Position
@@ -71,16 +72,6 @@ class Run:
             _, loss = model(x, y)
         (loss / micro_steps).backward()
         return loss
-
-
-def make_optimizer(model: GPT, cfg: TrainConfig) -> AdamW:
-    """Weight decay on matrices and embeddings (dim >= 2), none on biases and norm gains."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
 
 
 def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device: str, rank: int,
@@ -134,7 +125,7 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
     return run
 
 
-def resume_from_checkpoint(model: GPT, optimizer: AdamW, batches: Batches, autocast, model_cfg: GPTConfig,
+def resume_from_checkpoint(model: GPT, optimizer: AdamW | MuonAdamW, batches: Batches, autocast, model_cfg: GPTConfig,
                            cfg: TrainConfig, meta: dict, device: str, rank: int, world: int) -> resume.Position:
     """The state of out_dir/ckpt.pt restored into model, optimizer and batches, and where the run
     stands; the best checkpoint scored again where the evaluation windows changed."""

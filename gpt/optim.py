@@ -1,0 +1,121 @@
+"""The optimizer a run steps with: AdamW on every parameter, or Muon on the blocks' matrices beside AdamW on the rest.
+
+Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) updates a weight matrix by
+its momentum made orthogonal (every singular value near 1, by a few Newton-Schulz iterations), so
+each step moves the matrix by the same amount in every direction it has a gradient in. It is made
+for the 2-D weights of hidden layers; embeddings, the head, norm gains and biases stay with AdamW,
+the split nanochat and the modded-nanogpt speedrun use. torch.optim.Muon computes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import TrainConfig
+from .cpu.optim import AdamW
+from .errors import UserError
+
+
+def decay_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
+    """Weight decay on matrices and embeddings (dim >= 2), none on biases and norm gains."""
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def muon_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """What Muon takes: the weight matrices inside the blocks (c_attn, c_proj, c_fc)."""
+    return [p for name, p in model.named_parameters()
+            if p.requires_grad and name.startswith("transformer.h.") and p.dim() == 2]
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdamW:
+    """cfg.optimizer's optimizer over the model's trainable parameters, each in exactly one part."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return AdamW(decay_groups(params, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+    matrices = muon_params(model)
+    taken = {id(p) for p in matrices}
+    rest = [p for p in params if id(p) not in taken]
+    adamw = AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+    return MuonAdamW(matrices, adamw, cfg)
+
+
+class MuonAdamW:
+    """torch.optim.Muon on the blocks' matrices and AdamW on the rest, stepped as one optimizer.
+    Muon's learning rate follows the run's schedule at muon_lr / learning_rate times AdamW's."""
+
+    def __init__(self, matrices: list[torch.Tensor], adamw: AdamW, cfg: TrainConfig):
+        self.adamw = adamw
+        self.hyper = {"momentum": cfg.muon_momentum, "weight_decay": cfg.muon_weight_decay}
+        self.muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+        self.ratio = cfg.muon_lr / cfg.learning_rate
+        for p in matrices:      # made now, not at the first step, so that a skipped step can restore them
+            self.muon.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        self.kept = [torch.empty_like(t) for t in self.muon_tensors()]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.adamw.param_groups + self.muon.param_groups
+
+    @property
+    def state(self) -> dict:
+        return {**self.adamw.state, **self.muon.state}
+
+    def muon_tensors(self) -> list[torch.Tensor]:
+        """Everything a Muon step writes: its matrices and their momentum."""
+        params = [p for g in self.muon.param_groups for p in g["params"]]
+        return params + [self.muon.state[p]["momentum_buffer"] for p in params]
+
+    def set_lr(self, lr: float) -> None:
+        """The schedule's learning rate for this step: AdamW's; Muon's in proportion."""
+        self.adamw.set_lr(lr)
+        for group in self.muon.param_groups:
+            group["lr"] = lr * self.ratio
+
+    @torch.no_grad()
+    def step(self, found_inf: torch.Tensor | None = None) -> None:
+        """One update of both parts; with found_inf non-zero, none: AdamW's kernel skips itself, and
+        Muon's matrices and momentum are put back on the device, without reading the flag."""
+        if found_inf is not None and found_inf.device.type == "mps":    # as AdamW does there
+            if found_inf.item():
+                return
+            found_inf = None
+        self.adamw.step(found_inf)
+        if found_inf is None:
+            self.muon.step()
+            return
+        tensors = self.muon_tensors()
+        torch._foreach_copy_(self.kept, tensors)
+        self.muon.step()
+        bad = found_inf.bool()
+        torch._foreach_copy_(tensors, [torch.where(bad, kept, t) for kept, t in zip(self.kept, tensors)])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none)
+        self.muon.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        """AdamW's state in torch.optim's layout, with Muon's beside it under "muon"."""
+        return {**self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        if "muon" not in saved:
+            raise UserError("the optimizer state has no Muon part: it was saved by a run with "
+                            "optimizer=adamw; resume it with --optimizer=adamw")
+        self.adamw.load_state_dict({k: v for k, v in saved.items() if k != "muon"})
+        self.muon.load_state_dict(saved["muon"])
+        for group in self.muon.param_groups:    # the run's config, not the saved one, sets these
+            group.update(self.hyper)
+
+
+def muon_update(p: torch.Tensor, momentum: torch.Tensor, group: dict) -> torch.Tensor | None:
+    """The step Muon's stored momentum makes on p at the group's lr, with the exact orthogonal
+    factor U V^T that its Newton-Schulz iteration approximates; None before its first step."""
+    if not momentum.any():
+        return None
+    U, _, Vh = torch.linalg.svd(momentum.float(), full_matrices=False)
+    rows, cols = p.shape
+    scale = math.sqrt(max(1.0, rows / cols))    # torch.optim.Muon's default adjustment of the lr
+    return group["lr"] * (scale * (U @ Vh) + group["weight_decay"] * p.detach().float())
