@@ -27,7 +27,7 @@ from .console import Parser, interrupt_in_one_line, output_may_close
 from .errors import UserError
 from .sweep.plots import bpc_axis
 from .tokenizers import encode_prompt, read_prompt
-from .train.metrics import read_jsonl
+from .train.metrics import read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -127,13 +127,16 @@ def run_figure(run_dir: Path, out: Path) -> Path:
             raise UserError(f"{run_dir} is a sweep: its curves are in {run_dir / 'curves.png'} "
                             f"(python -m gpt.sweep report {run_dir}); or give one of its runs")
         raise UserError(f"{path} does not exist; is {run_dir} a training run's out_dir?")
-    rows = read_jsonl(path)
+    log = read_metrics(path)
+    rows = log.rows
+    if not rows and path.stat().st_size:    # bytes, but not one line a run writes
+        raise UserError(f"{path} holds no line of a training run's; is it damaged or another program's?")
+    for problem in log.problems():
+        print(problem, file=sys.stderr)
     # lines without the losses (another program's) are left out; the values are taken as written
     evals = [r for r in rows if r["kind"] == "eval" and {"train_loss", "val_loss"} <= r.keys()]
     steps = [r for r in rows if r["kind"] == "train" and {"loss", "lr"} <= r.keys()]
     if not evals:
-        if not rows and path.stat().st_size:    # bytes, but not one line a run writes
-            raise UserError(f"{path} holds no line of a training run's; is it damaged or another program's?")
         raise UserError(f"{path} has no evaluation yet")
     plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(18, 8))

@@ -11,69 +11,13 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..cli import shown
-from ..config import REPO_ROOT, TrainConfig, read_by, user_path
-from ..data import bpc, load_meta, per_character
+from ..config import TrainConfig, read_by, user_path
+from ..data import bpc
 from ..errors import UserError
-from ..train.rundir import listed_in
-from .grid import (DONE, NOT_COMPARED, RUN_RECORD, SPEED, as_text, by_setting, counted, evals_of, expand,
-                   read_json, setting_label)
+from .grid import DONE, NOT_COMPARED, SPEED, by_setting, counted
 from .plots import plot, plot_diagnostics
-
-
-def per_character_run(evals: list[dict], record: dict) -> bool:
-    """Whether a run's losses are per character (or byte): its evaluations say so with val_bpc, or,
-    for a run older than that, its dataset's meta.json does, where it can still be read."""
-    if any("val_bpc" in e for e in evals):
-        return True
-    train = record.get("train") if isinstance(record.get("train"), dict) else {}
-    if not (evals and isinstance(train.get("data_dir"), str) and isinstance(train.get("dataset"), str)):
-        return False
-    folder = REPO_ROOT / train["data_dir"] / train["dataset"]     # older records: from the repository root
-    try:
-        return (folder / "meta.json").is_file() and per_character(load_meta(folder))
-    except UserError:
-        return False
-
-
-def collect(out_dir: Path) -> tuple[dict, list[dict]]:
-    """The sweep's description and one row per run folder."""
-    path = Path(out_dir) / "sweep.json"
-    if not path.exists():
-        raise UserError(f"{path} does not exist; is {out_dir} a sweep folder?")
-    sweep = read_json(path)
-    if not ({"axes", "seeds", "base_seed", "command"} <= sweep.keys() and isinstance(sweep["axes"], dict)
-            and all(isinstance(v, list) for v in sweep["axes"].values())
-            and all(type(sweep[k]) is int for k in ("seeds", "base_seed"))):
-        raise UserError(f"{path} is not a sweep description; run the sweep again to rewrite it")
-    rows = []
-    for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], Path(out_dir)):
-        evals = evals_of(r.folder)
-        config_path = r.folder / "config.json"
-        record = read_json(config_path, RUN_RECORD) if config_path.exists() else {}
-        result_path = r.folder / "result.json"
-        result = read_json(result_path) if result_path.exists() else {}
-        final = evals[-1] if evals else {}
-        speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
-        val = final.get("val_loss", math.nan)
-        best = min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])), default=math.nan)
-        in_bpc = per_character_run(evals, record)
-        values = {k: as_text(v) for k, v in r.setting.items()}
-        row = {**values, "seed": r.seed,
-               "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val, "best_val_loss": best,
-               "per_character": in_bpc, "final_val_bpc": bpc(val) if in_bpc else math.nan,
-               "best_val_bpc": bpc(best) if in_bpc else math.nan,
-               "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
-               "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
-               "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
-               "status": result.get("status", "not run"),
-               "code": " ".join(listed_in(record)) or "unknown",
-               "ran_as": "; ".join(listed_in(record, "ran_as")),
-               "_config": {k: v for section in ("model", "train") if isinstance(record.get(section), dict)
-                           for k, v in record[section].items()},       # the run's settings, in one table
-               "_setting": setting_label(r.setting), "_evals": evals, "_folder": r.folder,
-               "_values": values}      # the axes' values, for the figures
-        rows.append(row)
-    return sweep, rows
+from .results import LEFT_OUT, collect
+from .status import main as follow
 
 
 # settings whose 0 stands for another's value, as the run resolves it
@@ -199,6 +143,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         finite = [r["final_val_loss"] for r in counted(group) if math.isfinite(r["final_val_loss"])]
         out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
                     "failed": sum(r["status"] == "failed" for r in group),
+                    "left_out": sum(r["status"] == LEFT_OUT for r in group),
                     "per_character": any(r["per_character"] for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
@@ -232,7 +177,8 @@ def summary_table(summary: list[dict]) -> str:
             "diverged", "vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
-        runs = f"{s['runs']} ({s['failed']} failed)" if s["failed"] else str(s["runs"])
+        apart = [f"{s[key]} {key.replace('_', ' ')}" for key in ("failed", "left_out") if s[key]]
+        runs = f"{s['runs']} ({', '.join(apart)})" if apart else str(s["runs"])
         bpc_cell = mean_std(bpc(s["mean"]), bpc(s["std"])) if s["per_character"] else "—"
         cells = [s["setting"], runs, mean_std(s["mean"], s["std"]), *[bpc_cell] * in_bpc, s["diverged"],
                  s["vs_baseline"]]
@@ -262,6 +208,18 @@ def diagnostics_table(rows: list[dict]) -> str:
     return "\n".join(lines) if settings else ""
 
 
+def runs_read(rows: list[dict]) -> str:
+    """How many runs' metrics.jsonl the report read, and each run it left out and why, which it
+    says on stderr too."""
+    left_out = [r for r in rows if r["status"] == LEFT_OUT]
+    for r in left_out:
+        print(f"{r['_folder']}: left out of the means and curves: {r['_left_out']}", file=sys.stderr)
+    read = sum(r["_read"] for r in rows)
+    said = f"{read} run{'s' * (read != 1)} read"
+    if not left_out:
+        return said + "."
+    return (f"{said}; {len(left_out)} left out of the means and curves, though recorded as finished: "
+            + "; ".join(f"{r['_folder'].name} ({r['_left_out']})" for r in left_out) + ".")
 
 
 def report(out_dir: Path) -> str:
@@ -272,7 +230,7 @@ def report(out_dir: Path) -> str:
     in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss", *in_bits,
                "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
-    table = summary_table(summarize(rows))
+    table = summary_table(summarize(rows)) + "\n\n" + runs_read(rows)
     odd = odd_runs(rows, sweep["axes"])
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
@@ -336,7 +294,6 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, file=sys.stderr)
         return 2
     if argv[0] != "report":
-        from .status import main as follow     # it reads this module's collect()
         return follow(argv[0], argv[1])
     try:
         report(Path(user_path(argv[1], "DIR")))

@@ -11,7 +11,7 @@ from ..config import user_path
 from ..errors import UserError
 from . import queue
 from .grid import DONE, expand, read_json
-from .report import collect
+from .results import collect
 
 
 def last_line(folder: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from ..config import TrainConfig
 from ..console import NONFINITE, to_json
@@ -22,26 +23,49 @@ def _numbers(value):
     return float(value) if isinstance(value, str) and value in NONFINITE else value
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl, non-finite numbers as floats again; a line cut short by a
-    kill is skipped."""
-    rows = []
+class Log(NamedTuple):
+    """A metrics.jsonl as read: its rows, and the lines left out."""
+    path: Path
+    rows: list[dict]
+    skipped: dict[int, str]     # line number -> why it was left out
+
+    def problems(self) -> list[str]:
+        """One line for each line left out, as PATH:LINE: why."""
+        return [f"{self.path}:{number}: {why}; the line is skipped" for number, why in self.skipped.items()]
+
+
+def read_metrics(path: Path) -> Log:
+    """The rows of a metrics.jsonl, non-finite numbers as floats again, and the lines that are not
+    ones a run writes (cut short by a kill, or edited by hand), by line number."""
+    rows, skipped = [], {}
     not_a_pipe(Path(path))
     try:
         text = Path(path).read_text(errors="replace")
     except OSError as e:
         raise UserError(f"cannot read {path} ({e.strerror})") from None
-    for line in text.splitlines():
+    lines = text.removesuffix("\n").split("\n") if text else []     # numbered as an editor numbers them
+    for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
+            cut = number == len(lines) and not text.endswith("\n")
+            skipped[number] = "not valid JSON" + (" (the file ends within the line)" if cut else "")
             continue
-        # a line edited by hand into another shape is skipped like a cut one
-        if isinstance(row, dict) and isinstance(row.get("kind"), str) and type(row.get("iter")) is int:
-            row = {key: _numbers(value) for key, value in row.items()}
-            if row["kind"] != "eval" or type(row.get("val_loss")) in (int, float):
-                rows.append(row)
-    return rows
+        if not (isinstance(row, dict) and isinstance(row.get("kind"), str) and type(row.get("iter")) is int):
+            skipped[number] = 'not a metrics row (a text "kind" and a whole-number "iter")'
+            continue
+        row = {key: _numbers(value) for key, value in row.items()}
+        if row["kind"] == "eval" and type(row.get("val_loss")) not in (int, float):
+            skipped[number] = "an evaluation without a val_loss number"
+            continue
+        rows.append(row)
+    return Log(Path(path), rows, skipped)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows alone, for the training's own reads on resuming, where a line cut short by a kill
+    is expected and trimmed away."""
+    return read_metrics(path).rows
 
 
 def flatten(row: dict) -> dict:
