@@ -194,6 +194,14 @@ def test_a_muon_run_samples_evaluates_and_exports(data_dir, tmp_path, capsys):
     from gpt import export
     assert export.main([f"--out_dir={out}", f"--to={tmp_path / 'hf'}"]) == 0
     assert (tmp_path / "hf" / "config.json").exists()
+    # and a new run starts from its weights, with either optimizer
+    for optimizer in ("muon", "adamw"):
+        follow = tmp_path / f"from_{optimizer}"
+        assert train.main(tiny_args(data_dir, follow, f"--init_from={out}", f"--optimizer={optimizer}",
+                                    "--max_iters=1", "--eval_interval=1")) == 0
+        trained, untrained = metrics(out, "eval")[-1]["val_loss"], metrics(out, "eval")[0]["val_loss"]
+        first = metrics(follow, "eval")[0]      # the same weights, scored in float32 rather than bfloat16
+        assert first["iter"] == 0 and abs(first["val_loss"] - trained) < 0.01 < untrained - trained
 
 
 @pytest.mark.e2e
