@@ -72,6 +72,14 @@ Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided, 5%)
 means differ; with one seed there is no noise estimate. Each setting is tested alone: of ten settings no better \
 than the baseline, one may still be flagged.
 
+## Steps to the baseline's loss
+
+| setting | step reaching the baseline's final val loss, per seed | mean |
+|---|---|---|
+| n_layer=6 | —, —, — | — |
+
+The baseline ends at step 500; each run is held to its own seed's baseline run, at its evaluations.
+
 ## Diagnostics at the final evaluation
 
 
@@ -184,3 +192,20 @@ def test_each_line_left_out_of_a_metrics_log_is_said_once_with_its_number(tmp_pa
     assert read_metrics(path).skipped == {} and read_metrics(path).rows == good
     path.write_text("")
     assert read_metrics(path) == (path, [], {})
+
+
+def test_the_steps_to_the_baseline_loss_hold_each_seed_to_its_own_baseline_run():
+    def run(setting, seed, losses):
+        evals = [{"iter": 100 * i, "val_loss": v} for i, v in enumerate(losses)]
+        return {"_setting": setting, "seed": seed, "status": "finished", "diverged": False,
+                "final_val_loss": losses[-1], "_evals": evals}
+    rows = [run("base", 0, [4.0, 3.0, 2.0, 1.5]), run("base", 1, [4.0, 3.0, 2.5, 1.9]),
+            # seed 0 reaches its own baseline's 1.5 at step 300; seed 1 its 1.9 at step 200,
+            # though it never reaches seed 0's
+            run("fast", 0, [4.0, 2.0, 1.6, 1.5]), run("fast", 1, [4.0, 2.2, 1.8, 1.7]),
+            run("slow", 0, [4.0, 3.0, 2.0, 1.6]), run("slow", 1, [4.0, 3.0, 2.0, 1.8])]
+    table = report.steps_to_baseline(rows)
+    assert "| fast | 300, 200 | 250 |" in table
+    assert "| slow | —, 300 | — |" in table       # a seed that never gets there leaves no mean
+    assert "The baseline ends at step 300" in table
+    assert report.steps_to_baseline(rows[:2]) == ""

@@ -61,7 +61,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
         assert r["diverged"] == "False"
     summary = (out / "summary.md").read_text()
     assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary
-    assert summary.count("| residual=") == 4          # the loss table and the diagnostics table
+    assert summary.count("| residual=") == 5          # the loss table, the steps to the baseline and the diagnostics
     assert (out / "curves.png").stat().st_size > 10_000
     assert (out / "diagnostics.png").stat().st_size > 10_000
     stamp = (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns

@@ -186,6 +186,31 @@ def summary_table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def steps_to_baseline(rows: list[dict]) -> str:
+    """Per setting, the first evaluation at which each seed's run reaches the final val loss of the
+    baseline's run of the same seed: how many steps it takes to match the baseline (modded-nanogpt's
+    measure of an optimizer); '—' where it never does. Empty for a sweep of one setting."""
+    groups = list(by_setting(rows).values())
+    base = {r["seed"]: r for r in counted(groups[0]) if math.isfinite(r["final_val_loss"])} if groups else {}
+    lines = []
+    for group in groups[1:]:
+        cells = []
+        for r in counted(group):
+            if r["seed"] in base:
+                target = base[r["seed"]]["final_val_loss"]
+                cells.append(next((e["iter"] for e in r["_evals"] if e["val_loss"] <= target), None))
+        reached = [c for c in cells if c is not None]
+        mean = f"{statistics.fmean(reached):.0f}" if reached and len(reached) == len(cells) else "—"
+        lines.append(f"| {group[0]['_setting']} | {', '.join('—' if c is None else str(c) for c in cells) or '—'} "
+                     f"| {mean} |")
+    if not lines or not base:
+        return ""
+    ends = sorted({r["_evals"][-1]["iter"] for r in base.values() if r["_evals"]})
+    return ("| setting | step reaching the baseline's final val loss, per seed | mean |\n|---|---|---|\n"
+            + "\n".join(lines) + f"\n\nThe baseline ends at step {', '.join(map(str, ends))}; each run is "
+            "held to its own seed's baseline run, at its evaluations.")
+
+
 def diagnostics_table(rows: list[dict]) -> str:
     """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
     settings = {label: [r["_evals"][-1] for r in counted(group)
@@ -265,7 +290,8 @@ def report(out_dir: Path) -> str:
             "Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided, 5%) over the "
             "seeds finds the means differ; with one seed there is no noise estimate. Each setting is "
             "tested alone: of ten settings no better than the baseline, one may still be flagged.\n\n"
-            f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
+            + (f"## Steps to the baseline's loss\n\n{reach}\n\n" if (reach := steps_to_baseline(rows)) else "")
+            + f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
         plot(rows, out_dir / "curves.png")
         plot_diagnostics(rows, out_dir / "diagnostics.png")
     except OSError as e:    # a read-only copy, a full disk: the table is still worth printing

@@ -89,7 +89,8 @@ def collect(out_dir: Path) -> tuple[dict, list[dict]]:
         val = final.get("val_loss", math.nan)
         best = min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])), default=math.nan)
         in_bpc = per_character_run(evals, record)
-        values = {k: as_text(v) for k, v in r.setting.items()}
+        # an axis the run does not read (muon_lr under AdamW) is left empty
+        values = {k: as_text(r.setting[k]) if k in r.setting else "" for k in sweep["axes"]}
         row = {**values, "seed": r.seed,
                "final_train_loss": final.get("train_loss", math.nan), "final_val_loss": val, "best_val_loss": best,
                "per_character": in_bpc, "final_val_bpc": bpc(val) if in_bpc else math.nan,
