@@ -124,7 +124,7 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path}: {e}") from None
+        raise UserError(f"{path}: {twice_set(path, e) or e}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path} is not UTF-8 text; is it a TOML config?") from None
     except OSError as e:
@@ -151,14 +151,38 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     values = {key: typed(key, value) for key, value in data.items()}
     sweep = {}
     for key, value in axes.items():
-        if key in SweepConfig.__dataclass_fields__:
+        option = key in SweepConfig.__dataclass_fields__
+        listed = value if isinstance(value, list) and not option else [value]
+        if not listed:
+            raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
+        # [sweep] replaces a top-level value in every run: one it does not list would be lost unseen
+        if key in data and values[key] not in [typed(key, v) for v in listed]:
+            swept = ", ".join(shown(typed(key, v)) for v in listed)
+            raise UserError(f"{path}: {key} = {shown(values[key])} at the top level is replaced by [sweep]'s "
+                            f"{key} = {swept if option else f'[{swept}]'} in every run; keep one of the two")
+        if option:
             values[key] = typed(key, value)
         else:
-            listed = value if isinstance(value, list) else [value]
-            if not listed:
-                raise UserError(f"{path}: [sweep] {key} = [] lists no values; give at least one")
             sweep[key] = [typed(key, v, axis=True) for v in listed]
     return values, sweep
+
+
+def twice_set(path: Path, error: tomllib.TOMLDecodeError) -> str | None:
+    """'KEY is set twice' for tomllib's error on a key given twice, which names only the line (or
+    the document's end, on a last line without a newline); None for any other error."""
+    found = re.match(r"Cannot overwrite a value \(at (?:line (\d+)|end of document)", str(error))
+    if not found:
+        return None
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    at = int(found.group(1)) if found.group(1) else len(lines)
+    for number in range(min(at, len(lines)), 0, -1):    # a value over several lines ends below its key
+        key = re.match(r"\s*([\w.\-\"' ]+?)\s*=", lines[number - 1])
+        if key:
+            table = next((m.group(1) for line in reversed(lines[:number])
+                          if (m := re.match(r"\s*\[([^\[\]]+)\]", line))), None)
+            where = f"[{table.strip()}] " if table else ""
+            return f"{where}{key.group(1)} is set twice (again at line {number}); keep one of the two"
+    return None
 
 
 # ---------------------------------------------------------------- command line
