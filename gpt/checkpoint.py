@@ -180,9 +180,9 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS) -
         inner = path / "ckpt.pt"
         raise UserError(f"{path} is a folder, not a checkpoint" + (f"; give {inner}" if inner.is_file() else ""))
     if not path.is_file():
-        runs = sorted(path.parent.rglob(path.name)) if is_sweep(path.parent) else []
-        if runs:
-            raise UserError(f"{path.parent} is a sweep; give one of its runs, e.g. {runs[0].parent}")
+        in_a_sweep = sweep_given(path.parent, (path.name,))
+        if in_a_sweep:
+            raise UserError(in_a_sweep)
         raise UserError(f"no checkpoint at {path}; train first ({train_command(path.parent)})")
     try:
         with open(path, "rb") as f:
@@ -286,6 +286,15 @@ def hold_folder(folder: Path):
 def is_sweep(folder: Path) -> bool:
     """Whether folder holds a sweep (its runs in subfolders) rather than one run."""
     return (Path(folder) / "sweep.json").is_file()
+
+
+def sweep_given(folder: Path, names: tuple[str, ...]) -> str | None:
+    """Where folder, given for one run, holds a sweep one of whose runs saved a file of names:
+    that it is a sweep, and one of those runs to give instead; else None."""
+    if not is_sweep(folder):
+        return None
+    runs = sorted(p.parent for name in names for p in Path(folder).rglob(name))
+    return f"{folder} is a sweep; give one of its runs, e.g. {runs[0]}" if runs else None
 
 
 def saved_in(folder: Path) -> list[str]:

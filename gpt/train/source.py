@@ -39,6 +39,10 @@ def resolve(init_from: str) -> Source:
     """The source that --init_from names: a run's out_dir, a Hugging Face GPT-2 folder, or a GPT-2
     name on the hub (fetched once, then from the hub's cache)."""
     path = Path(init_from).expanduser()
+    if checkpoint.is_sweep(path):
+        pick = checkpoint.sweep_given(path, ("ckpt.pt", "ckpt_best.pt"))
+        raise UserError(f"init_from={init_from!r}: " + (pick or f"{path} is a sweep, none of whose runs "
+                                                          "has saved a checkpoint yet; give one once it has"))
     runs = [path / name for name in ("ckpt.pt", "ckpt_best.pt") if (path / name).is_file()]
     if runs:
         ckpt = checkpoint.load(runs[0], mmap=True)      # the configs only: the weights come later
