@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -41,6 +42,8 @@ def run(args, argv: list[str]) -> int:
     submit.check_options(args, sweep_cfg.launcher)
     # absolute, because each run's process starts in the repository root
     out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
+    if out_dir.is_file():
+        raise UserError(f"out_dir={str(out_dir)!r} is a file; give a folder for the sweep's runs")
     values["out_dir"] = str(out_dir)
     values["data_dir"] = str(Path(values.get("data_dir", TrainConfig.data_dir)).resolve())
     base_seed = values.get("seed", TrainConfig.seed)
@@ -134,7 +137,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir
                     log = open(r.folder / "log.txt", "a")
                 except OSError as e:    # a full disk, a file put where the folder goes meanwhile
                     stopped = "; the runs under way were stopped and saved" if running else ""
-                    _stop(running, done, len(runs))
+                    _stop(running, done, len(runs), f"cannot start {r.folder.name} ({e.strerror or e})")
                     raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}){stopped}: fix "
                                     "it, and run the same command again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
@@ -150,9 +153,10 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir
                 done += 1
                 _record(running.pop(proc), proc.returncode, done, len(runs), walls, jobs)
     except KeyboardInterrupt as stop:
-        _stop(running, done, len(runs))
+        signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+        _stop(running, done, len(runs), f"stopped by {_signal_named(signum)}")
         print("sweep interrupted; run the same command again to continue", file=sys.stderr)
-        return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
+        return 128 + signum
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -166,8 +170,19 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir
     return 0
 
 
-def _stop(running: dict, done: int, total: int) -> None:
-    for proc in running:
+def _signal_named(signum: int) -> str:
+    """A signal as the user sent it: SIGINT (Ctrl-C), SIGTERM, SIGHUP."""
+    return signal.Signals(signum).name + " (Ctrl-C)" * (signum == signal.SIGINT)
+
+
+def _stop(running: dict, done: int, total: int, why: str) -> None:
+    """Stop the runs under way, each with SIGTERM, after a line in its log.txt saying why: the
+    run's own lines then name SIGTERM, whatever stopped the sweep."""
+    for proc, (_, _, log) in running.items():
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):      # a full disk: the run is stopped all the same
+                log.write(f"sweep: {why}; stopping this run with SIGTERM, which saves its checkpoint\n")
+                log.flush()
         proc.terminate()          # each run saves a checkpoint; the next start resumes it
     for proc, entry in running.items():
         code = proc.wait()

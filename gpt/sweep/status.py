@@ -7,6 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
+from .. import checkpoint
 from ..config import user_path
 from ..errors import UserError
 from . import queue
@@ -22,31 +23,51 @@ def last_line(folder: Path) -> str:
     return lines[-1].strip()[:200] if lines else "log.txt is empty"
 
 
+def sweep_process_in(out_dir: Path) -> bool:
+    """Whether a sweep process is at work in out_dir: it holds the folder's lock while it runs its
+    runs or waits on its jobs."""
+    try:
+        with checkpoint.hold_folder(out_dir):
+            return False
+    except UserError:
+        return True
+
+
+# shown only where some run is in them: a local sweep's runs under way, and stopped ones
+SOMETIMES = ("under way", "stopped")
+
+
 def standing(out_dir: Path) -> dict[str, list[str]]:
-    """Run folder names by where they stand: done, running, queued, failed, not submitted."""
+    """Run folder names by where they stand: done, running, queued, under way (in the sweep
+    process at work here, no job of their own), stopped (a ckpt.pt to resume from, no job
+    pending), failed, not submitted."""
     sweep, _ = collect(out_dir)
     found = queue.states(queue.read(out_dir))
-    groups = {key: [] for key in ("done", "running", "queued", "failed", "not submitted")}
+    at_work = sweep_process_in(out_dir)
+    groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], out_dir):
         path = r.folder / "result.json"
         status = read_json(path).get("status") if path.exists() else None
         job = found.get(r.folder.name)
         key = ("done" if status in DONE else "failed" if status else job if job in ("running", "queued")
-               else "failed" if job else "not submitted")
+               else "under way" if at_work and not job
+               else "stopped" if (r.folder / "ckpt.pt").exists() else "failed" if job else "not submitted")
         groups[key].append(r.folder.name)
     return groups
 
 
 def status(out_dir: Path) -> int:
-    """Print the runs by where they stand; 0 while some are queued or running, 1 once none is."""
+    """Print the runs by where they stand; 0 while some are queued, running or under way, 1 once none is."""
     groups = standing(out_dir)
-    print(", ".join(f"{len(names)} {key}" for key, names in groups.items()))
-    for key in ("running", "queued", "not submitted"):
+    print(", ".join(f"{len(names)} {key}" for key, names in groups.items() if names or key not in SOMETIMES))
+    for key in ("running", "queued", "under way", "not submitted"):
         for name in groups[key]:
             print(f"  {key}: {name}")
+    for name in groups["stopped"]:
+        print(f"  stopped (resumable): {name}: {last_line(out_dir / name)}")
     for name in groups["failed"]:
         print(f"  failed: {name}: {last_line(out_dir / name)}")
-    return 0 if groups["running"] or groups["queued"] else 1
+    return 0 if groups["running"] or groups["queued"] or groups["under way"] else 1
 
 
 def cancel(out_dir: Path) -> int:
