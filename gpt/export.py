@@ -1,7 +1,8 @@
 """Write a trained model as a Hugging Face GPT-2 folder: python -m gpt.export --out_dir=DIR --to=FOLDER [--ckpt=best|latest] [--overwrite=true]
 
-FOLDER gets config.json, model.safetensors and the tokenizer's files, which
-transformers.AutoModelForCausalLM and AutoTokenizer load, giving the logits this model gives.
+FOLDER gets config.json, generation_config.json (generate stops at block_size), model.safetensors
+and the tokenizer's files, which transformers.AutoModelForCausalLM and AutoTokenizer load, giving
+the logits this model gives.
 Only models GPT-2 computes exactly are written: learned positions (fixed sinusoids go in as the
 table they are, no positions as a table of zeros), pre-norm blocks with residuals, LayerNorm, GELU
 (exact or tanh), ReLU or squared ReLU, any MLP width, one key/value head per query head, a tied or
@@ -400,9 +401,12 @@ def export(cfg: ExportConfig) -> dict:
     weights = hf_weights(model)
 
     config = hf_config(model.config, model.transformer.ln_f.eps, eos)
+    # generate() past n_positions fails deep in torch (IndexError); this stops it at block_size
+    generation = {"max_length": model.config.block_size, "bos_token_id": eos, "eos_token_id": eos}
 
     def write(folder: Path) -> None:
         (folder / "config.json").write_text(dumps(config), encoding="utf-8")
+        (folder / "generation_config.json").write_text(dumps(generation), encoding="utf-8")
         with as_os_error():
             save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
             tokenizer.save(str(folder / "tokenizer.json"))
