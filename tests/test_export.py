@@ -248,8 +248,8 @@ def test_a_folder_holding_files_is_replaced_only_with_overwrite(tmp_path, capsys
                    "whole folder, or another --to\n")
     assert os.listdir(dest) == ["notes.txt"]
     export_ok(capsys, run, dest, "--overwrite=true")
-    assert sorted(os.listdir(dest)) == ["config.json", "model.safetensors", "tokenizer.json",
-                                        "tokenizer_config.json"]
+    assert sorted(os.listdir(dest)) == ["config.json", "generation_config.json", "model.safetensors",
+                                        "tokenizer.json", "tokenizer_config.json"]
     assert leftovers(tmp_path) == []
     empty = tmp_path / "empty"
     empty.mkdir()
