@@ -88,7 +88,8 @@ def _labels(settings: list[list[dict]]) -> tuple[str, list[str]]:
     names = _varying(settings)
     if not names:       # one setting: it names itself
         return "", [g[0]["_setting"] for g in settings]
-    return ", ".join(names), [", ".join(g[0]["_values"][n] for n in names) for g in settings]
+    # an axis a setting does not read (muon_lr under AdamW) is left out of its entry
+    return ", ".join(names), [", ".join(v for n in names if (v := g[0]["_values"][n])) for g in settings]
 
 
 def _zoom(ax: Axes, low: float, high: float, headroom: float, peak: float, unigram: float | None) -> str:
