@@ -14,7 +14,8 @@ import torch
 from conftest import ROOT
 from gpt import checkpoint
 from gpt.config import GPTConfig, TrainConfig
-from gpt.export import main, recover_merges
+from gpt.export import main
+from gpt.hf_tokenizers import recover_merges
 from gpt.model import GPT
 from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
