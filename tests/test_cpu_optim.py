@@ -14,6 +14,8 @@ from gpt.model import GPT
 from gpt.cpu.optim import AdamW, clip_grad_norm
 from gpt.train.setup import make_optimizer
 
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
+
 
 def _model(seed=0):
     torch.manual_seed(seed)
@@ -135,6 +137,7 @@ def test_state_of_another_model_is_refused():
         make_optimizer(with_bias, cfg).load_state_dict(state)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("precision", ["high", "medium"])
 def test_training_does_not_import_the_compiler_or_sympy(data_dir, tmp_path, precision):
     """torch._dynamo costs 1.7 s and 57 MB at start-up, sympy 0.3 s and 35 MB; only --compile

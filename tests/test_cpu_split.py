@@ -171,6 +171,7 @@ def untimed(out_dir):
     return [{k: v for k, v in r.items() if k != "ms"} for r in read_metrics(out_dir, "train")]
 
 
+@pytest.mark.e2e
 @two_cpus
 def test_a_split_run_trains_as_an_unsplit_one_and_resumes_exactly(data_dir, tmp_path, capsys, threads_kept,
                                                                   monkeypatch):
@@ -247,6 +248,7 @@ def test_closing_gives_the_threads_back_when_a_ctrl_c_cuts_the_wait(threads_kept
     assert torch.get_num_threads() == threads_kept
 
 
+@pytest.mark.e2e
 def test_a_run_saved_before_the_split_resumes_unsplit(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
@@ -259,6 +261,7 @@ def test_a_run_saved_before_the_split_resumes_unsplit(data_dir, tmp_path):
     assert json.loads((out / "config.json").read_text())["train"]["thread_split"] == "auto"
 
 
+@pytest.mark.e2e
 @two_cpus
 def test_a_sweep_checks_the_thread_count_its_runs_will_get(data_dir, tmp_path, capsys, monkeypatch):
     # --threads=0 goes to each run as it is, so each gets torch's count, not the CPUs over --jobs
@@ -270,6 +273,7 @@ def test_a_sweep_checks_the_thread_count_its_runs_will_get(data_dir, tmp_path, c
     assert "the run gets one CPU thread" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @two_cpus
 def test_the_bench_says_when_its_steps_were_split(data_dir, tmp_path, capsys, threads_kept):
     from gpt import bench
@@ -282,6 +286,7 @@ def test_the_bench_says_when_its_steps_were_split(data_dir, tmp_path, capsys, th
         assert ("each batch split by rows over 2 threads" in bench.format_table(result)) == (parts == 2)
 
 
+@pytest.mark.e2e
 @two_cpus
 def test_the_start_line_names_what_the_user_chose_and_no_reason_of_auto(data_dir, tmp_path, capsys, threads_kept):
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=1", "--eval_interval=1", "--threads=2",

@@ -12,7 +12,7 @@ from gpt import checkpoint
 from gpt.generate import generate
 from gpt.train.loop import Loop
 
-pytestmark = [pytest.mark.cuda,
+pytestmark = [pytest.mark.cuda, pytest.mark.e2e,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 

@@ -15,6 +15,7 @@ from gpt.data import Batches
 from gpt.datasets import prepare
 
 
+@pytest.mark.e2e
 def test_meta_json_is_utf8_whatever_the_locale(tmp_path):
     """A vocabulary of non-ASCII characters survives a machine whose locale is not UTF-8."""
     code = ("import sys; from pathlib import Path; from gpt.data import load_meta; from gpt.datasets import prepare; "

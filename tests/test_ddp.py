@@ -18,6 +18,7 @@ def losses(out_dir):
     return [r["loss"] for r in rows if r["kind"] == "train"]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_path):
     # dropout too: each micro-batch's masks must follow it to whichever process runs it
@@ -45,6 +46,7 @@ def test_two_processes_match_one_process_accumulating_two_steps(data_dir, tmp_pa
     assert abs(last_ddp["val_loss"] - last_single["val_loss"]) < 1e-5
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_every_rank_ends_alike_when_a_resume_at_the_end_only_mends_the_best_copy(data_dir, tmp_path):
     out = tmp_path / "run"
@@ -85,6 +87,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_the_ranks_skip_the_same_nonfinite_step_and_stop_together_at_the_next_read(data_dir, tmp_path):
     script = tmp_path / "hit.py"
@@ -105,6 +108,7 @@ def test_the_ranks_skip_the_same_nonfinite_step_and_stop_together_at_the_next_re
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 9
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None or not hasattr(os, "mkfifo"),
                     reason="torchrun or named pipes are missing")
 def test_a_start_that_rank_0_refuses_gives_its_line_and_no_other_ranks_traceback(data_dir, tmp_path):
@@ -122,6 +126,7 @@ def test_a_start_that_rank_0_refuses_gives_its_line_and_no_other_ranks_traceback
     assert not any("gloo" in line or "Connection closed" in line for line in ranks), "\n".join(ranks)[-3000:]
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
 def test_each_machine_prepares_the_shipped_dataset_on_its_own_disk(tmp_path):
     """Two one-process nodes whose data folders differ, as machines without a shared disk: each
@@ -151,6 +156,7 @@ def test_each_machine_prepares_the_shipped_dataset_on_its_own_disk(tmp_path):
     assert (nodes[0] / "run" / "ckpt.pt").exists() and not (nodes[1] / "run").exists()
 
 
+@pytest.mark.e2e
 def test_a_single_process_prepares_whatever_local_rank_its_environment_holds(tmp_path, monkeypatch):
     """LOCAL_RANK left over from a launcher or a job script: without RANK and WORLD_SIZE the run
     is one process, and it prepares its data."""
@@ -162,6 +168,7 @@ def test_a_single_process_prepares_whatever_local_rank_its_environment_holds(tmp
     assert (tmp_path / "data" / "shakespeare_char" / "meta.json").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("env, message", [
     ({"RANK": "x", "WORLD_SIZE": "2"}, "RANK='x' in the environment is not a whole number of at least 0; "
                                        "torchrun sets it: unset it to run one process"),
@@ -179,6 +186,7 @@ def test_a_stray_torchrun_variable_stops_the_run_with_one_line(env, message, dat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
 def test_stray_torchrun_variables_that_parse_stop_the_run_with_one_line_or_mean_one_process(
         data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MASTER_ADDR", raising=False)

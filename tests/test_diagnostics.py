@@ -16,6 +16,8 @@ from gpt.diagnostics import (aggregate_seeds, attention_entropy, grad_depth, ini
 from gpt.model import GPT
 from gpt.cpu.optim import AdamW
 
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
+
 
 def test_identical_positions_have_similarity_one_and_orthogonal_zero():
     same = torch.randn(1, 1, 8).expand(3, 5, 8)

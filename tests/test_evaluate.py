@@ -237,6 +237,7 @@ def test_help_lists_the_options(capsys):
         assert option in said
 
 
+@pytest.mark.e2e
 def test_runs_as_a_module_with_only_the_json_on_stdout(run):
     out, _, ids = run
     done = subprocess.run([sys.executable, "-m", "gpt.evaluate", f"--out_dir={out}", "--json", "--stride=8"],

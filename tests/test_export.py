@@ -95,6 +95,7 @@ def test_the_grid_holds_every_pair_of_settings():
         assert {(row[i], row[j]) for row in GRID} == set(itertools.product(levels[i], levels[j]))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("pos, activation, bias, mlp_ratio, tie", GRID,
                          ids=["-".join(map(str, row)) for row in GRID])
 def test_transformers_gives_the_exported_models_logits_and_greedy_text(tmp_path, capsys, pos, activation,
@@ -134,6 +135,7 @@ def test_the_exported_folder_loads_back_here_with_the_same_logits(tmp_path, caps
         torch.testing.assert_close(back(idx)[0], model(idx)[0], atol=1e-4, rtol=0)
 
 
+@pytest.mark.e2e
 def test_the_chosen_checkpoint_is_the_one_written(tmp_path, capsys):
     run = save_run(tmp_path / "run", wide_model(seed=1), name="ckpt.pt")
     save_run(run, wide_model(seed=2), name="ckpt_best.pt")
@@ -180,6 +182,7 @@ def test_every_setting_in_the_way_is_named_in_one_line(tmp_path, capsys):
 
 # ---------------------------------------------------------------- the tokenizers
 
+@pytest.mark.e2e
 def test_a_character_models_tokenizer_maps_exactly_its_characters(tmp_path, capsys):
     export_ok(capsys, save_run(tmp_path / "run", wide_model()), tmp_path / "hf")
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
@@ -192,6 +195,7 @@ def test_a_character_models_tokenizer_maps_exactly_its_characters(tmp_path, caps
     assert tok.convert_ids_to_tokens(list(range(len(CHARS)))) == CHARS
 
 
+@pytest.mark.e2e
 def test_a_byte_models_tokenizer_maps_the_utf8_bytes(tmp_path, capsys):
     model = wide_model(vocab_size=256)
     export_ok(capsys, save_run(tmp_path / "run", model, {"tokenizer": "byte", "vocab_size": 256}),
@@ -205,6 +209,7 @@ def test_a_byte_models_tokenizer_maps_the_utf8_bytes(tmp_path, capsys):
         assert tok.decode(ids) == ByteTokenizer().decode(ids)
 
 
+@pytest.mark.e2e
 def test_a_gpt2_bpe_models_tokenizer_is_gpt2s_own(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(ROOT / ".tiktoken-cache"))
     try:
@@ -355,6 +360,7 @@ def test_help_lists_the_options(capsys):
         assert option in out
 
 
+@pytest.mark.e2e
 def test_python_m_gpt_export_runs(tmp_path):
     save_run(tmp_path / "run", wide_model())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -3,11 +3,14 @@
 import json
 import math
 
+import pytest
+
 import train
 from conftest import tiny_args
 from gpt import figures
 
 
+@pytest.mark.e2e
 def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3")) == 0
@@ -55,6 +58,7 @@ def test_training_logs_diagnostics_and_the_dashboards_render(data_dir, tmp_path,
     assert capsys.readouterr().err == f"error: {out / 'metrics.jsonl'} has no evaluation yet\n"
 
 
+@pytest.mark.e2e
 def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--log_interval=4")) == 0
@@ -68,6 +72,7 @@ def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, 
     figures.pyplot().close(drawn[0])
 
 
+@pytest.mark.e2e
 def test_an_attention_picture_of_many_heads_and_a_long_prompt_stays_viewable(data_dir, tmp_path):
     from PIL import Image
     out = tmp_path / "run"

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import BLOCK, GRID, GRID_IDS, V, check_generate_cache, grid_model, tiny_model
+from conftest import BLOCK, GRID, GRID_IDS, V, grid_model, tiny_model
 from gpt.errors import UserError
 from gpt.generate import KVCache
 
@@ -12,10 +12,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 
 # ------------------------------------------------------------------ the KV cache
 
-@pytest.mark.parametrize("pos,place,res,norm", GRID, ids=GRID_IDS)
-def test_generate_with_cache_equals_without(pos, place, res, norm):
-    check_generate_cache(grid_model(pos, place, res, norm))
-
+# generating with the cache as without it: every model variant, in test_model.py
 
 @pytest.mark.parametrize("pos,place,res,norm", GRID, ids=GRID_IDS)
 def test_cached_hidden_states_match_uncached(pos, place, res, norm):

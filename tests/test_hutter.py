@@ -142,6 +142,7 @@ def test_an_unreachable_data_url_is_one_line(tmp_path, http_server):
     assert files_of(tmp_path / "enwik8") == []
 
 
+@pytest.mark.e2e
 def test_a_byte_model_trains_from_data_url_and_samples_what_is_not_utf8(tmp_path, small, http_server, capsys):
     data = enwik8_bytes(4000)
     small("enwik8", len(data))
@@ -181,6 +182,7 @@ def test_the_files_do_not_depend_on_the_pieces_the_zip_is_read_in(tmp_path, smal
     assert reads and set(reads) == {7, 200, 1600}
 
 
+@pytest.mark.e2e
 def test_the_scale_benchmarks_synthetic_zip_prepares_as_the_real_one_would(tmp_path):
     """benchmarks/hutter_scale.py at a size a test can afford: its zip passes every check."""
     from test_bench import _benchmark

@@ -14,7 +14,7 @@ from gpt.datasets import prepare
 from gpt.model import GPT
 from gpt.train import source
 
-pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.e2e]     # conftest.py
 RUN = ["--device=cpu", "--batch_size=4", "--eval_iters=2", "--warmup_iters=2", "--threads=1",
        "--log_interval=1", "--flush_denormal=false", "--eval_interval=5"]
 SHAPE = ["--n_layer=2", "--n_head=2", "--n_embd=16", "--block_size=16", "--dropout=0.0"]

@@ -10,33 +10,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import (BLOCK, GRID, GRID_IDS, PLACEMENTS, POS_ENCODINGS, V, check_causal, check_generate_cache,
-                      grid_model, tiny_model)
+                      tiny_model)
 from gpt.config import GPTConfig
 from gpt.model import GPT, CausalSelfAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 
 
-# ------------------------------------------------------------------ 1. the full ablation grid
+# ------------------------------------------------------------------ 1. every variant of the block
 
-@pytest.mark.parametrize("pos,place,res,norm", GRID, ids=GRID_IDS)
-def test_forward_loss_and_gradients(pos, place, res, norm):
-    model = grid_model(pos, place, res, norm).train()
-    idx = torch.randint(0, V, (2, BLOCK))
-    targets = torch.randint(0, V, (2, BLOCK))
-    logits, loss = model(idx, targets)
+BLOCK_VARIANTS = [dict(parallel=True), dict(qk_norm=True), dict(qk_norm=True, norm_type="rmsnorm"),
+                  dict(parallel=True, qk_norm=True, n_kv_head=2), dict(scale_embeddings=True)]
+# the ablation grid; each block variant by position, placement and residual; each activation but the grid's gelu
+VARIANTS = ([dict(pos_encoding=pos, norm_placement=place, residual=res, norm_type=norm)
+             for pos, place, res, norm in GRID]
+            + [dict(flags, pos_encoding=pos, norm_placement=place, residual=res) for flags in BLOCK_VARIANTS
+               for pos in ("learned", "rope", "alibi") for place, res in itertools.product(PLACEMENTS, (True, False))]
+            + [dict(activation=act) for act in ("gelu_tanh", "relu", "swiglu", "geglu")])
+VARIANT_IDS = GRID_IDS + [",".join(f"{k}={v}" for k, v in flags.items()) for flags in VARIANTS[len(GRID):]]
+
+
+@pytest.mark.parametrize("flags", VARIANTS, ids=VARIANT_IDS)
+def test_every_variant_trains_every_parameter_stays_causal_and_generates_alike_with_the_cache(flags):
+    model = tiny_model(**flags).train()
+    logits, loss = model(torch.randint(0, V, (2, BLOCK)), torch.randint(0, V, (2, BLOCK)))
     assert logits.shape == (2, BLOCK, V)
     assert torch.isfinite(loss)
     loss.backward()
     # named_parameters lists the tied lm_head/wte once, under transformer.wte.weight
     for name, p in model.named_parameters():
-        assert p.grad is not None, name
-        assert p.grad.norm() > 0, name
-
-
-@pytest.mark.parametrize("pos,place,res,norm", GRID, ids=GRID_IDS)
-def test_causality(pos, place, res, norm):
-    check_causal(grid_model(pos, place, res, norm))
+        assert p.grad is not None and p.grad.norm() > 0, name
+    check_causal(model.eval())
+    check_generate_cache(model)
 
 
 # ------------------------------------------------------------------ 2. grouped-query attention
@@ -71,23 +76,6 @@ def test_attention_equals_torch_multihead_attention():
 
 
 # ------------------------------------------------------------------ 3b. block layout, QK-norm
-
-BLOCK_VARIANTS = [dict(parallel=True), dict(qk_norm=True), dict(qk_norm=True, norm_type="rmsnorm"),
-                  dict(parallel=True, qk_norm=True, n_kv_head=2), dict(scale_embeddings=True)]
-
-
-@pytest.mark.parametrize("place,res", list(itertools.product(PLACEMENTS, (True, False))))
-@pytest.mark.parametrize("pos", ["learned", "rope", "alibi"])
-@pytest.mark.parametrize("flags", BLOCK_VARIANTS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
-def test_block_variants_train_stay_causal_and_cache(flags, pos, place, res):
-    model = tiny_model(pos_encoding=pos, norm_placement=place, residual=res, **flags).train()
-    _, loss = model(torch.randint(0, V, (2, BLOCK)), torch.randint(0, V, (2, BLOCK)))
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.norm() > 0, name
-    check_causal(model.eval())
-    check_generate_cache(model)
-
 
 def with_random_norm_gains(block: nn.Module) -> nn.Module:
     """Norms that differ from each other, so a formula using the wrong one fails."""
@@ -182,16 +170,6 @@ def test_qk_norm_makes_attention_blind_to_the_scale_of_queries_and_keys(norm):
 
 
 # ------------------------------------------------------------------ 3c. MLP activations
-
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "swiglu", "geglu"])
-def test_every_activation_trains_every_parameter(activation):
-    model = tiny_model(activation=activation).train()
-    _, loss = model(torch.randint(0, V, (2, BLOCK)), torch.randint(0, V, (2, BLOCK)))
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and p.grad.norm() > 0, name
-    check_causal(model.eval())
-
 
 @pytest.mark.parametrize("activation, act", [("swiglu", F.silu), ("geglu", F.gelu)])
 def test_gated_mlp_scales_one_half_by_the_activation_of_the_other(activation, act):

@@ -11,6 +11,7 @@ from gpt.model import GPT
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("serialization", ["safetensors", "bin"])
 def test_from_pretrained_matches_transformers(tmp_path, serialization):
     transformers = pytest.importorskip("transformers")

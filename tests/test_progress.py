@@ -53,6 +53,7 @@ def test_a_long_wait_is_a_line_every_30_s_and_one_at_its_end(clock, updates):
     assert lines[-1].startswith(f"run: {40 + updates:3}% {40 + updates}/100 steps [")
 
 
+@pytest.mark.e2e
 def test_training_and_its_evaluations_show_progress_in_a_log(clock, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--eval_iters=3")) == 0

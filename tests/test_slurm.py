@@ -18,6 +18,7 @@ from gpt.config import REPO_ROOT
 from gpt.sweep import queue, report
 
 pytest.importorskip("submitit")
+pytestmark = pytest.mark.e2e
 
 FAKE = {    # what each fake tool prints; each records its arguments (and sbatch its script) in calls.txt
     "sbatch": 'if grep -q "partition=nope" "$1"; then\n'

@@ -74,6 +74,7 @@ def counted_reads(monkeypatch):
     return counts
 
 
+@pytest.mark.e2e
 def test_the_steps_between_two_reads_never_wait_for_the_device(no_estimate, data_dir, tmp_path, counted_reads):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=12", "--eval_interval=8", "--log_interval=5",

@@ -30,6 +30,7 @@ def test_grid_expansion_and_run_names(tmp_path):
                                                                          "base__seed=2"]
 
 
+@pytest.mark.e2e
 def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys, cpu_rounds_when_asked):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--sweep", "n_head=2,3")) == 2
@@ -41,6 +42,7 @@ def test_a_bad_grid_point_fails_before_anything_runs(data_dir, tmp_path, capsys,
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3",
@@ -72,6 +74,7 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert capsys.readouterr().out.endswith(wrote)     # and when the report is written again
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("axis, message", [
     ("seed=1,2", "the sweep sets seed itself"),
     ("seeds=2,3", "the sweep sets seeds itself"),
@@ -86,6 +89,7 @@ def test_axes_the_sweep_cannot_take(data_dir, tmp_path, capsys, axis, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_sweep_folder_refuses_other_settings_and_counts_completed_checkpoints(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--sweep", "residual=true,false")
@@ -99,6 +103,7 @@ def test_a_sweep_folder_refuses_other_settings_and_counts_completed_checkpoints(
     assert "2 runs (2 already finished)" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_a_relative_out_dir_is_one_folder_wherever_the_sweep_starts(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = tiny_args(data_dir, "rel", "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
@@ -139,6 +144,7 @@ def test_a_batch_size_axis_scores_every_run_as_the_baseline_is(data_dir, tmp_pat
     assert config["train"]["eval_batch_size"] == 3
 
 
+@pytest.mark.e2e
 def test_runs_trained_by_other_code_are_marked(data_dir, tmp_path, capsys):
     from gpt.checkpoint import code_version
     out = tmp_path / "sw"
@@ -158,6 +164,7 @@ def test_runs_trained_by_other_code_are_marked(data_dir, tmp_path, capsys):
     assert [r["code"] for r in csv.DictReader(open(out / "sweep.csv"))] == [code_version(), "0123456789ab"]
 
 
+@pytest.mark.e2e
 def test_settings_that_ran_the_same_way_here_are_named(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"      # on a CPU, high and highest are both exact float32
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep",
@@ -194,6 +201,7 @@ def test_ran_alike_needs_one_way_for_every_run_and_the_same_other_axes():
     assert report.ran_alike(rows, {"n_layer": 0}) == []
 
 
+@pytest.mark.e2e
 def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--seeds=2",
@@ -208,6 +216,7 @@ def test_the_report_names_a_run_resumed_by_hand_with_other_settings(data_dir, tm
     assert note in capsys.readouterr().out and note in (out / "summary.md").read_text()
 
 
+@pytest.mark.e2e
 def test_the_report_names_runs_whose_speed_settings_differ(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     short = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")     # TINY: no flushing
@@ -309,6 +318,7 @@ def test_odd_runs_skip_unread_settings_and_name_a_split_without_a_majority():
         "batch_size=8__seed=2: eval_batch_size='as batch_size' (the others 4)"]
 
 
+@pytest.mark.e2e
 def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path, capsys, monkeypatch):
     from gpt import checkpoint
     out = tmp_path / "sw"
@@ -342,6 +352,7 @@ def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path,
     assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
 
 
+@pytest.mark.e2e
 def test_a_diverged_run_is_recorded_not_dropped(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     # a learning rate this large sends the weights, then the loss, to inf/nan within a few steps
@@ -406,6 +417,7 @@ def test_sweep_help_is_help(argv, capsys):
     assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR\n")
 
 
+@pytest.mark.e2e
 def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--eval_interval=2", "--sweep", "max_iters=2,4")
@@ -421,6 +433,7 @@ def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, ca
     assert json.loads(result) == {"status": "finished", "returncode": 0, "wall_s": None}  # not timed
 
 
+@pytest.mark.e2e
 def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "block_size=16,4000")
@@ -438,6 +451,7 @@ def test_a_failed_run_is_reported_retried_and_fails_the_sweep(data_dir, tmp_path
     assert "2 runs (1 already finished)" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_a_relative_data_dir_is_read_from_where_the_sweep_starts(data_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(data_dir.parent)
     argv = tiny_args(Path("data"), tmp_path / "sw", "--max_iters=2", "--eval_interval=2",
@@ -447,6 +461,7 @@ def test_a_relative_data_dir_is_read_from_where_the_sweep_starts(data_dir, tmp_p
         "status"] == "finished"
 
 
+@pytest.mark.e2e
 def test_a_sweep_axis_with_no_values_is_refused(tmp_path, capsys):
     config = tmp_path / "empty.toml"
     config.write_text("max_iters = 2\n[sweep]\nn_head = []\n")
@@ -462,6 +477,7 @@ def test_a_baseline_without_results_is_named_as_the_reason():
     assert report.summarize(rows)[1]["vs_baseline"] == "baseline has no result"
 
 
+@pytest.mark.e2e
 def test_resume_is_refused_for_a_sweep(data_dir, tmp_path, capsys):
     advice = "a sweep resumes its stopped runs and restarts its failed ones by itself; run the same command again"
     for flag in ("--resume", "--overwrite"):
@@ -537,6 +553,7 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
         "min_lr=0.0001 in the run, 1e-05 now", "lr_schedule=constant in the run, linear now"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("extra, axis", [
     ((), "cooldown_frac=0.1,0.5"),                                    # cosine by default
     (("--lr_schedule=constant",), "min_lr=0,1e-5"),
@@ -554,6 +571,7 @@ def test_a_sweep_over_a_setting_no_run_reads_is_refused(data_dir, tmp_path, caps
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_a_sweep_over_a_setting_no_value_of_its_schedule_axis_reads_is_refused(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=2", "--sweep", "lr_schedule=constant,cosine",
@@ -565,6 +583,7 @@ def test_a_sweep_over_a_setting_no_value_of_its_schedule_axis_reads_is_refused(d
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_a_sweep_over_a_setting_some_runs_read_goes_ahead(data_dir, tmp_path):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "lr_schedule=cosine,wsd",
@@ -573,6 +592,7 @@ def test_a_sweep_over_a_setting_some_runs_read_goes_ahead(data_dir, tmp_path):
     assert len(list(out.glob("*/config.json"))) == 4
 
 
+@pytest.mark.e2e
 def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     args = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")
@@ -583,6 +603,7 @@ def test_a_sweep_keeps_its_runs_when_its_axes_are_given_in_another_order(data_di
     assert json.loads((out / "sweep.json").read_text())["axes"] == {"residual": [True], "bias": [True, False]}
 
 
+@pytest.mark.e2e
 def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--dataset=nope", "--sweep", "n_layer=1,2")) == 2
@@ -601,6 +622,7 @@ def test_a_sweep_that_cannot_start_leaves_no_folder_and_checks_every_seed(data_d
     assert "the sweep would make 1,000,000,000 runs" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_file_where_a_run_folder_goes_is_refused(data_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true,false")
@@ -649,6 +671,7 @@ def test_diverged_runs_stay_out_of_the_diagnostics_table_and_nan_out_of_the_best
     assert report.collect(tmp_path)[1][0]["best_val_loss"] == 2.5
 
 
+@pytest.mark.e2e
 def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -657,6 +680,7 @@ def test_a_sweep_under_torchrun_is_refused(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "sw").exists()
 
 
+@pytest.mark.e2e
 def test_a_data_dir_axis_is_read_from_where_the_sweep_starts_and_restarts(data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(data_dir.parent)
     argv = tiny_args(Path("data"), tmp_path / "sw", "--max_iters=2", "--eval_interval=2")[1:]
@@ -666,6 +690,7 @@ def test_a_data_dir_axis_is_read_from_where_the_sweep_starts_and_restarts(data_d
     assert "1 run (1 already finished)" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "residual=true")
@@ -688,6 +713,7 @@ def test_a_failed_run_may_be_retried_with_other_settings(data_dir, tmp_path, cap
     assert json.loads((run / "config.json").read_text())["train"]["learning_rate"] == 2e-3
 
 
+@pytest.mark.e2e
 def test_a_sweep_resumes_a_stopped_run_it_started(no_estimate, data_dir, tmp_path, monkeypatch):
     import os
     import signal
@@ -723,6 +749,7 @@ def test_plotted_settings_never_share_a_colour():
         assert len(set(plots._colours(n))) == n
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("code, status", [(0, "finished"), (DIVERGED_EXIT, "diverged")])
 def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, data_dir, tmp_path, monkeypatch,
                                                                 capsys):
@@ -752,6 +779,7 @@ def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, dat
     assert f"[1/1 done] n_layer=1__seed=1337: {status}, " in capsys.readouterr().out    # counted as done
 
 
+@pytest.mark.e2e
 def test_a_report_that_cannot_be_written_still_prints_its_table(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--sweep", "n_layer=1")) == 0
@@ -779,6 +807,7 @@ def test_a_damaged_sweep_description_gets_one_line(record, tmp_path, capsys):
                                        "run the sweep again to rewrite it\n")
 
 
+@pytest.mark.e2e
 def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_anything_is_written(data_dir, tmp_path):
     out = tmp_path / "sw"
     argv = tiny_args(data_dir, out, *(f"--sweep={name}={value}" for name, value in (
@@ -795,6 +824,7 @@ def test_a_sweep_whose_run_folders_would_have_too_long_a_name_is_refused_before_
         assert out.exists() == made and not any(out.iterdir() if made else ())
 
 
+@pytest.mark.e2e
 def test_a_data_dir_axis_with_a_tilde_names_its_runs_as_typed_and_trains_in_the_home_folder(data_dir, tmp_path,
                                                                                             monkeypatch, capsys):
     import shutil
@@ -811,6 +841,7 @@ def test_a_data_dir_axis_with_a_tilde_names_its_runs_as_typed_and_trains_in_the_
     assert "(1 already finished)" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("record", [{"axes": None}, {"axes": 5}, {"axes": {"batch_size": [4]}, "eval_batch_size": "x"}])
 def test_a_sweep_json_edited_by_hand_is_rewritten(record, data_dir, tmp_path):
     out = tmp_path / "sw"
@@ -821,6 +852,7 @@ def test_a_sweep_json_edited_by_hand_is_rewritten(record, data_dir, tmp_path):
     assert json.loads((out / "sweep.json").read_text())["axes"] == {"batch_size": [4, 2]}
 
 
+@pytest.mark.e2e
 def test_a_sweep_given_an_empty_out_dir_says_so(data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert train.main(tiny_args(data_dir, tmp_path, "--out_dir=", "--sweep", "n_layer=1")) == 2

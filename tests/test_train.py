@@ -84,6 +84,7 @@ def test_weight_decay_applies_to_matrices_and_embeddings_only():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
+@pytest.mark.e2e
 def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=30", "--eval_interval=10",
@@ -119,6 +120,7 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     assert capsys.readouterr().out != first
 
 
+@pytest.mark.e2e
 def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
@@ -151,6 +153,7 @@ def test_sample_prompt_from_file_and_unknown_characters(data_dir, tmp_path, caps
     assert "not in the vocabulary: '#Ω'" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_resume_gives_identical_losses_and_weights(data_dir, tmp_path, capsys):
     extra = ["--max_iters=24", "--eval_interval=8", "--dropout=0.1", "--seed=5"]
     one = tmp_path / "one"
@@ -190,6 +193,7 @@ print(int((tiny * 1.0 == 0).sum()))
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flush, flushed", [("true", 1_000_000), ("false", 0)])
 def test_training_on_cpu_flushes_subnormal_floats_in_every_thread(data_dir, tmp_path, flush, flushed):
     argv = tiny_args(data_dir, tmp_path / "run", "--max_iters=1", "--eval_interval=1", "--threads=2",
@@ -200,6 +204,7 @@ def test_training_on_cpu_flushes_subnormal_floats_in_every_thread(data_dir, tmp_
     assert int(proc.stdout.split()[-1]) == flushed
 
 
+@pytest.mark.e2e
 def test_a_resume_keeps_the_runs_seed(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--seed=3")) == 0
@@ -221,6 +226,7 @@ def test_dropout_masks_differ_between_seeds_and_micro_batches_on_this_device():
     assert not torch.equal(mask(0, 1), mask(1, 0))
 
 
+@pytest.mark.e2e
 def test_the_training_loop_seeds_each_micro_batchs_dropout_by_its_place(data_dir, tmp_path, monkeypatch):
     calls, real = [], loop.dropout_seed
     monkeypatch.setattr(loop, "dropout_seed", lambda seed, place: calls.append((seed, place)) or real(seed, place))
@@ -254,6 +260,7 @@ def _saved(obj):
     return buffer
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_older_than_a_field_resumes_as_it_was_trained(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=4", "--log_interval=1",
@@ -272,6 +279,7 @@ def test_a_checkpoint_older_than_a_field_resumes_as_it_was_trained(data_dir, tmp
     assert [r["lr"] for r in read_metrics(out, "train")] == pytest.approx([lr] * 7)   # no decay at 5
 
 
+@pytest.mark.e2e
 def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--n_layer=1")) == 0
@@ -307,6 +315,7 @@ def test_a_fresh_run_in_an_old_folder_leaves_none_of_the_old_run(data_dir, tmp_p
     assert json.loads((out / "config.json").read_text())["model"]["n_layer"] == 2
 
 
+@pytest.mark.e2e
 def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     """The model sample.py rebuilds from the checkpoint scores the val windows exactly as the
     trained model did, for flags away from every default."""
@@ -328,6 +337,7 @@ def test_checkpoint_rebuilds_the_model_alone(data_dir, tmp_path):
     assert loss == pytest.approx(final["val_loss"], abs=1e-6)
 
 
+@pytest.mark.e2e
 def test_runs_of_different_batch_size_are_scored_on_the_same_windows_given_eval_batch_size(data_dir, tmp_path):
     # the weights at iteration 0 depend on the seed alone, so equal first evaluations mean equal text
     def first_val(name, *flags):
@@ -347,6 +357,7 @@ def val_on(path, data_dir, n_batches, batch_size):
         return sum(model(x, y)[1].item() for x, y in zip(xs, ys)) / n_batches
 
 
+@pytest.mark.e2e
 def test_a_resume_that_scores_other_windows_scores_both_checkpoints_again(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
@@ -375,6 +386,7 @@ def test_a_resume_that_scores_other_windows_scores_both_checkpoints_again(data_d
     assert all(torch.equal(after["model"][k], theirs["model"][k]) for k in after["model"])
 
 
+@pytest.mark.e2e
 def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scores_better(data_dir, tmp_path, capsys):
     out, bad = tmp_path / "run", tmp_path / "bad"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
@@ -389,6 +401,7 @@ def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scor
     assert checkpoint.load(out / "ckpt_best.pt")["iter"] in (4, 5)
 
 
+@pytest.mark.e2e
 def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_finite_the_best(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
@@ -408,6 +421,7 @@ def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_fini
     assert (out / "ckpt_best.pt").read_bytes() == before
 
 
+@pytest.mark.e2e
 def test_a_resume_that_scores_other_windows_when_no_ckpt_best_was_saved(data_dir, tmp_path, capsys):
     out = tmp_path / "run"      # diverging: iteration 0 is the best, and it is never saved
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--learning_rate=3",
@@ -418,6 +432,7 @@ def test_a_resume_that_scores_other_windows_when_no_ckpt_best_was_saved(data_dir
     assert (out / "ckpt_best.pt").exists()
 
 
+@pytest.mark.e2e
 def test_config_json_records_every_code_version_that_trained_the_run(data_dir, tmp_path):
     from gpt.checkpoint import code_version
     out = tmp_path / "run"
@@ -434,6 +449,7 @@ def test_config_json_records_every_code_version_that_trained_the_run(data_dir, t
     assert json.loads((out / "config.json").read_text())["code"] == ["unknown", code_version()]
 
 
+@pytest.mark.e2e
 def test_config_json_records_every_way_the_run_ran(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--dtype=auto")) == 0
@@ -481,6 +497,7 @@ def test_the_code_fingerprint_skips_lock_files_and_gives_up_on_unreadable_ones(t
     assert fingerprint(tmp_path) == "unknown"
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=8", "--eval_interval=4")) == 0
@@ -493,6 +510,7 @@ def test_a_checkpoint_without_elapsed_time_takes_it_from_the_log(data_dir, tmp_p
     assert elapsed[3] > elapsed[2] > 0
 
 
+@pytest.mark.e2e
 def test_command_txt_repeats_the_command_with_its_quoting(data_dir, tmp_path):
     argv = tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2", "--wandb_run_name=my run")
     assert train.main(argv) == 0
@@ -522,6 +540,7 @@ def test_train_runs_in_a_thread_other_than_the_main_one(data_dir, tmp_path):
     assert again[1] == ran[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("precision, rounds", [("medium", True), ("highest", False)])
 def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch,
                                                                            precision, rounds,
@@ -539,6 +558,7 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
     assert all(math.isfinite(r["loss"]) for r in read_metrics(tmp_path / "run", "train"))
 
 
+@pytest.mark.e2e
 def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(torch.get_num_threads())
@@ -554,6 +574,7 @@ def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, 
         torch.set_num_threads(found)
 
 
+@pytest.mark.e2e
 def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeypatch, capsys):
     class InductorError(RuntimeError):      # as torch._inductor raises it, without a C++ compiler
         __module__ = "torch._inductor.exc"
@@ -586,6 +607,7 @@ def test_the_memory_check_counts_the_diagnostics_backward_pass_at_each_evaluatio
         runtime.check_fits(model_cfg, TrainConfig(eval_batch_size=3500, diagnostics=False), "cpu")
 
 
+@pytest.mark.e2e
 def test_a_compile_cache_folder_that_cannot_be_made_is_said_in_one_line(data_dir, tmp_path):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2")) == 0
@@ -637,6 +659,7 @@ def test_the_evaluations_left_count_the_end_and_skip_one_already_made():
     assert evaluations_left(every(250, 2000), 250, 250) == 7       # a resume: 250 was made before it stopped
 
 
+@pytest.mark.e2e
 def test_the_estimate_leaves_the_run_as_it_would_be_untimed(data_dir, tmp_path, capsys, monkeypatch):
     from gpt.train import estimate
     args = ["--max_iters=12", "--eval_interval=6", "--dropout=0.1", "--seed=3"]
@@ -656,6 +679,7 @@ def test_the_estimate_leaves_the_run_as_it_would_be_untimed(data_dir, tmp_path, 
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("step_s, sized_for_a_gpu", [(10.0, True), (0.01, False)])
 def test_a_long_estimate_on_a_cpu_names_the_cpu_recipe_and_its_time(step_s, sized_for_a_gpu, data_dir, tmp_path,
                                                                     capsys, monkeypatch):
@@ -676,6 +700,7 @@ def test_a_long_estimate_on_a_cpu_names_the_cpu_recipe_and_its_time(step_s, size
     assert (hint in said) == sized_for_a_gpu
 
 
+@pytest.mark.e2e
 def test_the_cpu_recipe_is_timed_on_its_own_model_with_the_random_state_put_back(monkeypatch):
     from gpt.train import estimate
     sizes = []
@@ -701,6 +726,7 @@ def test_the_cpu_recipe_named_is_the_datasets_own_where_there_is_one():
     assert estimate.cpu_recipe("mine", 80) == ("shakespeare_char_cpu", 65)
 
 
+@pytest.mark.e2e
 def test_a_stop_during_the_estimate_says_nothing_of_it_and_saves_nothing(data_dir, tmp_path, capsys, monkeypatch):
     import os
     import signal
@@ -721,6 +747,7 @@ def test_a_stop_during_the_estimate_says_nothing_of_it_and_saves_nothing(data_di
     assert not (out / "ckpt.pt").exists()
 
 
+@pytest.mark.e2e
 def test_a_char_run_gives_bits_per_character_beside_its_losses(data_dir, tmp_path, capsys, no_estimate):
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
@@ -737,6 +764,7 @@ def test_a_char_run_gives_bits_per_character_beside_its_losses(data_dir, tmp_pat
     assert f"done: 4 iterations, best val loss {best:.4f} ({best / math.log(2):.3f} bpc); " in said
 
 
+@pytest.mark.e2e
 def test_a_bpe_run_has_no_bits_per_character(tmp_path, capsys, monkeypatch, no_estimate):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))    # training decodes nothing
     folder = tmp_path / "data" / "bpe"
