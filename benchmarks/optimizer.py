@@ -39,6 +39,10 @@ if {torch_arm}:
             self.found_inf = found_inf
             return super().step()
 
+        def set_lr(self, lr):               # the loop sets the schedule's rate through this
+            for group in self.param_groups:
+                group["lr"] = lr
+
     def make_optimizer(model, cfg):
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [{{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay}},

@@ -20,6 +20,8 @@ from gpt.optim import MuonAdamW, make_optimizer
 from gpt.sweep import grid
 from test_step_waits import counted_reads  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py: tiny ops pay only for hand-offs
+
 MUON = TrainConfig(optimizer="muon", learning_rate=1e-2, muon_lr=0.05, weight_decay=0.1, muon_weight_decay=0.1)
 
 
