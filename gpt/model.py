@@ -249,10 +249,9 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight") and self.config.zero_init:
-                nn.init.zeros_(p)   # each block starts as the identity; the first steps grow it
-            elif name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+            if name.endswith("c_proj.weight"):     # zero_init: each block starts as the identity
+                std = 0.0 if self.config.zero_init else 0.02 / math.sqrt(2 * self.config.n_layer)
+                nn.init.normal_(p, mean=0.0, std=std)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, shared ones counted once; non_embedding leaves out the position table and

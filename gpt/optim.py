@@ -32,14 +32,11 @@ def muon_params(model: torch.nn.Module) -> list[torch.Tensor]:
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdamW:
     """cfg.optimizer's optimizer over the model's trainable parameters, each in exactly one part."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.optimizer == "adamw":
-        return AdamW(decay_groups(params, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-    matrices = muon_params(model)
+    matrices = muon_params(model) if cfg.optimizer == "muon" else []
     taken = {id(p) for p in matrices}
-    rest = [p for p in params if id(p) not in taken]
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
     adamw = AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-    return MuonAdamW(matrices, adamw, cfg)
+    return MuonAdamW(matrices, adamw, cfg) if matrices else adamw
 
 
 class MuonAdamW:
