@@ -381,13 +381,6 @@ def test_summary_flags_differences_beyond_seed_noise():
     assert summary[1]["mean"] == pytest.approx(2.30) and summary[1]["std"] == pytest.approx(0.01)
 
 
-def test_t_quantiles_match_the_tables():
-    # two-sided 5% critical values of Student's t, from any statistics table
-    for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
-        assert report.t_quantile(0.975, df) == pytest.approx(t, abs=5e-4)
-    assert report.t_quantile(0.975, 2.5) == pytest.approx(3.5747, abs=5e-4)    # scipy.stats.t.ppf
-
-
 def test_a_difference_of_two_and_a_half_standard_errors_is_noise_at_three_seeds():
     # 3 seeds each, equal spread: Welch's test has 4 degrees of freedom, critical t 2.776; two
     # standard errors (the old rule) would call 2.5 a difference, though it happens by chance

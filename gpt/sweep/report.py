@@ -98,45 +98,43 @@ def ran_alike(rows: list[dict], axes) -> list[str]:
 
 
 
-def t_quantile(p: float, df: float) -> float:
-    """The p quantile (p >= 0.5) of Student's t distribution with df >= 1 degrees of freedom,
-    fractional ones included (Welch's test makes them): bisection on its CDF, the density
-    integrated by Simpson's rule, which is exact to about 1e-9 here and needs no SciPy."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float, steps: int = 2000) -> float:
-        h = x / steps
-        density = [math.exp(log_norm - (df + 1) / 2 * math.log1p((i * h) ** 2 / df))
-                   for i in range(steps + 1)]
-        return 0.5 + h / 3 * (density[0] + density[-1] + 4 * sum(density[1:-1:2])
-                              + 2 * sum(density[2:-1:2]))
-
-    low, high = 0.0, 1.0
-    while cdf(high) < p:
-        low, high = high, 2 * high
-    for _ in range(50):
-        mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < p else (low, mid)
-    return (low + high) / 2
+# the family-wise error of a study's comparisons with its baseline, all together
+ALPHA = 0.05
 
 
-def versus(base: dict, s: dict) -> str:
-    """A setting's mean final loss against the baseline's: better or worse when Welch's t-test
-    (unequal variances, two-sided, 5%) finds a difference, else within noise. Each comparison
-    alone is at 5%: of ten settings no better than the baseline, one may still be flagged."""
+def welch_p(base: dict, s: dict) -> float:
+    """The two-sided p of Welch's t-test (unequal variances) of a setting's mean final loss
+    against the baseline's, from each one's mean, std (n - 1) and number of seeds (2 or more)."""
+    if s["std"] == 0 and base["std"] == 0:      # no spread at all: any difference is beyond it
+        return 0.0 if s["mean"] != base["mean"] else 1.0
+    from scipy import stats     # here: train.py imports this module, and SciPy takes a second to load
+    return float(stats.ttest_ind_from_stats(s["mean"], s["std"], s["n"], base["mean"], base["std"],
+                                            base["n"], equal_var=False).pvalue)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values: the smallest p times m, the next times m - 1 and so on,
+    each at least the one before it and at most 1. Those under ALPHA hold the chance of any false
+    'differs' among the m comparisons to ALPHA. (SciPy has no Holm; statsmodels, which has, is large.)"""
+    adjusted, highest = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(sorted(range(len(ps)), key=ps.__getitem__)):
+        highest = max(highest, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = highest
+    return adjusted
+
+
+def versus(base: dict, s: dict, p: float | None = None) -> str:
+    """A setting's mean final loss against the baseline's: better or worse where p, its
+    Holm-adjusted p among the study's comparisons, is under ALPHA, else within noise. Without p,
+    its own Welch p: a study of one comparison."""
     diff = s["mean"] - base["mean"]
-    a, b = s["std"] ** 2 / s["n"], base["std"] ** 2 / base["n"]
-    if a + b == 0:      # no spread at all: any difference is beyond it
-        real = diff != 0
-    else:               # Welch-Satterthwaite degrees of freedom
-        df = (a + b) ** 2 / (a ** 2 / (s["n"] - 1) + b ** 2 / (base["n"] - 1))
-        real = abs(diff) > t_quantile(0.975, df) * math.sqrt(a + b)
-    return f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}" if real else f"within noise ({diff:+.3f})"
+    p = welch_p(base, s) if p is None else p
+    return f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}" if p < ALPHA else f"within noise ({diff:+.3f})"
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per setting: final val loss mean and std over seeds, and how it compares with the
-    first setting (the baseline)."""
+    first setting (the baseline): Welch's p and its Holm-adjusted p where both have 2+ seeds."""
     out = []
     for label, group in by_setting(rows).items():
         ran = [r for r in group if r["status"] in DONE]
@@ -149,7 +147,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
                     "n": len(finite)})
     base = out[0] if out else None
+    tested = []
     for s in out:
+        s["p"] = s["p_holm"] = math.nan
         if s is base:
             s["vs_baseline"] = "baseline"
         elif not s["n"]:
@@ -159,7 +159,12 @@ def summarize(rows: list[dict]) -> list[dict]:
         elif s["n"] < 2 or base["n"] < 2:
             s["vs_baseline"] = "needs 2+ seeds"
         else:
-            s["vs_baseline"] = versus(base, s)
+            s["p"] = welch_p(base, s)
+            tested.append(s)
+    # the study's comparisons are one family: its verdicts hold together at ALPHA
+    for s, p in zip(tested, holm([s["p"] for s in tested])):
+        s["p_holm"] = p
+        s["vs_baseline"] = versus(base, s, p)
     return out
 
 
@@ -184,6 +189,29 @@ def summary_table(summary: list[dict]) -> str:
                  s["vs_baseline"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
+
+
+def shown_p(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def against_baseline(summary: list[dict]) -> str:
+    """What 'worse' and 'better' mean, and each tested setting's difference from the baseline with
+    its Welch p and Holm-adjusted p."""
+    said = ("Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided) over the seeds "
+            "finds the means differ; with one seed there is no noise estimate.")
+    tested = [s for s in summary if math.isfinite(s["p"])]
+    if not tested:
+        return said
+    m = len(tested)
+    held = (f"{m} comparisons with the baseline are held together" if m > 1
+            else "1 comparison with the baseline is held")
+    said += (f"\n\nThe {held} to a family-wise error of 5% (Holm–Bonferroni): a setting is 'worse' or 'better' "
+             "only where its Holm-adjusted p is under 0.05.")
+    lines = ["| setting | difference | Welch's p | Holm-adjusted p |", "|---|---|---|---|"]
+    lines += [f"| {s['setting']} | {s['mean'] - summary[0]['mean']:+.3f} | {shown_p(s['p'])} "
+              f"| {shown_p(s['p_holm'])} |" for s in tested]
+    return said + "\n\n" + "\n".join(lines)
 
 
 def steps_to_baseline(rows: list[dict]) -> str:
@@ -255,7 +283,8 @@ def report(out_dir: Path) -> str:
     in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
     columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss", *in_bits,
                "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
-    table = summary_table(summarize(rows)) + "\n\n" + runs_read(rows)
+    summary = summarize(rows)
+    table = summary_table(summary) + "\n\n" + runs_read(rows)
     odd = odd_runs(rows, sweep["axes"])
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
@@ -286,10 +315,7 @@ def report(out_dir: Path) -> str:
             writer.writeheader()
             writer.writerows(rows)
         (out_dir / "summary.md").write_text(
-            f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n"
-            "Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided, 5%) over the "
-            "seeds finds the means differ; with one seed there is no noise estimate. Each setting is "
-            "tested alone: of ten settings no better than the baseline, one may still be flagged.\n\n"
+            f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n{against_baseline(summary)}\n\n"
             + (f"## Steps to the baseline's loss\n\n{reach}\n\n" if (reach := steps_to_baseline(rows)) else "")
             + f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
         plot(rows, out_dir / "curves.png")
