@@ -46,9 +46,11 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
+    from gpt.cpu.threads import sampling_threads
     from gpt.tokenizers import encode_prompt, read_prompt
-    from gpt.train.runtime import resolve_device
+    from gpt.train.runtime import check_threads, resolve_device
 
+    check_threads(cfg)
     device = resolve_device(cfg.device)
     if cfg.init_from:
         from gpt.train import source
@@ -64,8 +66,9 @@ def sample(cfg: SampleConfig):
     for i in range(cfg.num_samples):
         yield prompt
         idx = torch.tensor([ids], dtype=torch.long, device=device)
-        stream = model.generate_stream(idx, cfg.max_new_tokens, cfg.temperature, cfg.top_k or None,
-                                       cfg.top_p, cfg.use_cache, generator)
+        stream = sampling_threads(model.generate_stream(idx, cfg.max_new_tokens, cfg.temperature,
+                                                        cfg.top_k or None, cfg.top_p, cfg.use_cache,
+                                                        generator), cfg.threads, torch.device(device))
         pending = []
         for token in stream:
             pending.append(token.item())

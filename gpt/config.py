@@ -385,6 +385,8 @@ class SampleConfig:
     seed: int = opt(1337, "random seed: the same seed gives the same text")
     device: str = opt("auto", "auto picks cuda, then mps, then cpu")
     use_cache: bool = opt(True, "reuse past keys and values (KV cache) while generating")
+    threads: int = opt(0, "CPU threads; 0 times one thread against torch's count now and then and "
+                       "samples at the faster, which keeps its speed when other work holds a core")
     init_from: str = opt("", "sample from these weights instead of out_dir's: a Hugging Face GPT-2 folder "
                          "or a GPT-2 name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), with their own tokenizer")
 
@@ -395,8 +397,9 @@ class SampleConfig:
         _named(self, "out_dir")
         if self.temperature != 0 and not 1e-3 <= self.temperature:
             raise UserError(f"temperature={self.temperature} must be 0 (greedy) or at least 0.001")
-        if self.top_k < 0:
-            raise UserError(f"top_k={self.top_k} must not be negative")
+        for name in ("top_k", "threads"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name}={getattr(self, name)} must not be negative")
         if not 0.0 < self.top_p <= 1.0:
             raise UserError(f"top_p={self.top_p} must be in (0, 1]")
         check_seed(self.seed)

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from ..config import GPTConfig, TrainConfig
+from ..config import GPTConfig, SampleConfig, TrainConfig
 from ..cpu.precision import cpu_computes_bfloat16, torch_level
 from ..errors import UserError, first_line
 from ..memory import device_memory
@@ -113,7 +113,7 @@ def autocast_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def check_threads(cfg: TrainConfig) -> None:
+def check_threads(cfg: TrainConfig | SampleConfig) -> None:
     """Here, not in the config: a run saved on a bigger machine still loads, and says what to do."""
     cpus = os.cpu_count() or 1
     if cfg.threads > cpus:      # far past it, torch cannot start the threads and crashes
