@@ -46,7 +46,7 @@ def sample(cfg: SampleConfig):
     import torch
 
     from gpt import checkpoint
-    from gpt.cpu.threads import sampling_threads
+    from gpt.speed.threads import sampling_threads
     from gpt.tokenizers import encode_prompt, read_prompt
     from gpt.train.runtime import check_threads, resolve_device
 

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from gpt import GPTConfig  # noqa: E402
 from gpt.cli import read_config_file  # noqa: E402
 from gpt.console import Parser  # noqa: E402
-from gpt.cpu.threads import sampling_threads  # noqa: E402
+from gpt.speed.threads import sampling_threads  # noqa: E402
 from gpt.model import GPT  # noqa: E402
 
 CHOICES = {"auto": 0, "torch": torch.get_num_threads(), "one": 1}

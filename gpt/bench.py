@@ -34,8 +34,8 @@ import torch
 from .cli import help_text, parse_argv
 from .config import GPTConfig, TrainConfig, build, check_types, opt
 from .console import interrupt_in_one_line, output_may_close, to_json
-from .cpu.precision import matmul_precision
-from .cpu.split import split_plan
+from .speed.precision import matmul_precision
+from .speed.split import split_plan
 from .data import load_meta
 from .diagnostics import measure
 from .errors import UserError

@@ -31,7 +31,7 @@ import torch
 
 from .config import GPTConfig, check_seed
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
-from .cpu.optim import AdamW
+from .speed.optim import AdamW
 from .errors import UserError
 from .memory import device_memory, out_of_memory_in_one_line
 from .model import GPT

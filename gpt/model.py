@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu
+from . import speed
 from .config import GPTConfig
 from .errors import UserError
 from .generate import KVCache, generate, generate_stream
@@ -144,10 +144,10 @@ class CausalSelfAttention(nn.Module):
             v = cache.v[self.layer, :, :, :start + T]
         dropout = self.dropout if self.training else 0.0
         fast_causal = not self.alibi and start == 0
-        y = cpu.attention(q, k, v, bias, dropout, fast_causal)   # SDPA; on a CPU, float32
+        y = speed.attention(q, k, v, bias, dropout, fast_causal)   # SDPA; on a CPU, float32
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
             # at least float32, with autocast off, as a CPU's attention runs (a GPU's rounds more)
-            with torch.no_grad(), cpu.exact_matmuls(), torch.autocast(x.device.type, enabled=False):
+            with torch.no_grad(), speed.exact_matmuls(), torch.autocast(x.device.type, enabled=False):
                 bias = score_bias(None, start, T, x.device) if fast_causal else bias
                 wide = torch.promote_types(q.dtype, torch.float32)
                 k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)    # (B, nh, T_k, hs)
@@ -238,7 +238,7 @@ class GPT(nn.Module):
         self.register_buffer("slopes", alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None,
                              persistent=False)
         self._init_weights()
-        cpu.lay_out_weights(self)     # for CPU sampling speed; values unchanged
+        speed.lay_out_weights(self)     # for CPU sampling speed; values unchanged
 
     def _init_weights(self):
         # GPT-2: N(0, 0.02) everywhere; the projections that write into the residual stream are

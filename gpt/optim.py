@@ -14,7 +14,7 @@ import math
 import torch
 
 from .config import TrainConfig
-from .cpu.optim import AdamW
+from .speed.optim import AdamW
 from .errors import UserError
 
 

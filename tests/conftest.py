@@ -61,8 +61,8 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
 def cpu_rounds_when_asked(monkeypatch):
     """As on a CPU with AMX, matmul_precision=medium asks a CPU to round whatever this CPU does, so
     that tests of where the setting reaches, and of attention's exact detour, run on every CPU."""
-    import gpt.cpu.precision
-    monkeypatch.setattr(gpt.cpu.precision, "cpu_can_round", lambda: True)
+    import gpt.speed.precision
+    monkeypatch.setattr(gpt.speed.precision, "cpu_can_round", lambda: True)
 
 
 # Tiny models, for the tests of gpt/model.py, generate.py, positions.py, pretrained.py and cpu/.

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_args
 from gpt import bench
 from gpt.config import GPTConfig
-from gpt.cpu.precision import cpu_rounds_matmuls
+from gpt.speed.precision import cpu_rounds_matmuls
 
 
 def test_flops_per_token_is_six_per_weight_plus_attention():

@@ -1,4 +1,4 @@
-"""gpt/cpu/: matmul precision (precision.py), exact float32 attention (attention.py), weight layout (layout.py)."""
+"""gpt/speed/: matmul precision (precision.py), exact float32 attention (attention.py), weight layout (layout.py)."""
 
 from pathlib import Path
 
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import BLOCK, V, tiny_model
-from gpt.cpu.attention import attention
-from gpt.cpu.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
+from gpt.speed.attention import attention
+from gpt.speed.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
                                lists_bfloat16, matmul_precision)
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py

@@ -1,4 +1,4 @@
-"""gpt/cpu/optim.py: AdamW and gradient clipping against torch's, their state, a start-up without the compiler."""
+"""gpt/speed/optim.py: AdamW and gradient clipping against torch's, their state, a start-up without the compiler."""
 
 import math
 import subprocess
@@ -11,7 +11,7 @@ from conftest import ROOT, tiny_args
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.model import GPT
-from gpt.cpu.optim import AdamW, clip_grad_norm
+from gpt.speed.optim import AdamW, clip_grad_norm
 from gpt.train.setup import make_optimizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
@@ -145,7 +145,7 @@ def test_training_does_not_import_the_compiler_or_sympy(data_dir, tmp_path, prec
     args = tiny_args(data_dir, tmp_path / "run", "--max_iters=3", "--eval_interval=3",
                      f"--matmul_precision={precision}")
     # as on a CPU with AMX, so that medium's exact attention is what runs
-    code = (f"import sys, train, gpt.cpu.precision; gpt.cpu.precision.cpu_can_round = lambda: True; "
+    code = (f"import sys, train, gpt.speed.precision; gpt.speed.precision.cpu_can_round = lambda: True; "
             f"assert train.main({args!r}) == 0; "
             "print([m for m in ('torch._dynamo', 'sympy') if m in sys.modules] or 'clean')")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""gpt/cpu/split.py: thread_split, each thread on its own rows of a batch, and the runs that split."""
+"""gpt/speed/split.py: thread_split, each thread on its own rows of a batch, and the runs that split."""
 
 import json
 import os
@@ -11,12 +11,12 @@ import torch
 import train
 from conftest import tiny_args
 from gpt import checkpoint
-from gpt import cpu as cpu_hooks
+from gpt import speed as speed_hooks
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
-from gpt.cpu.attention import attention
+from gpt.speed.attention import attention
 from gpt.model import GPT
-from gpt.cpu.split import AUTO_MAX_THREADS, RowSplit, split_plan
+from gpt.speed.split import AUTO_MAX_THREADS, RowSplit, split_plan
 from test_train import read_metrics
 
 two_cpus = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 CPUs")
@@ -176,7 +176,7 @@ def untimed(out_dir):
 def test_a_split_run_trains_as_an_unsplit_one_and_resumes_exactly(data_dir, tmp_path, capsys, threads_kept,
                                                                   monkeypatch):
     seen = []
-    monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(
+    monkeypatch.setattr(speed_hooks, "attention", lambda *a: seen.append(
         (threading.current_thread().name.startswith("rows"), torch.get_num_threads())) or attention(*a))
     extra = ["--threads=2", "--max_iters=12", "--eval_interval=6", "--seed=5"]
     split, ops = tmp_path / "split", tmp_path / "ops"

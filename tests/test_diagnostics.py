@@ -14,7 +14,7 @@ from gpt.diagnostics import (aggregate_seeds, attention_entropy, grad_depth, ini
                              main as diagnostics_main, measure, position_similarity, unigram_loss,
                              update_ratios, whole_split_loss)
 from gpt.model import GPT
-from gpt.cpu.optim import AdamW
+from gpt.speed.optim import AdamW
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 

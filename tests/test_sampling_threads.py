@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import sample
-from gpt.cpu import threads
-from gpt.cpu.threads import fastest_threads, sampling_threads
+from gpt.speed import threads
+from gpt.speed.threads import fastest_threads, sampling_threads
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import torch
 
 import train
 from conftest import tiny_args
-from gpt.cpu.optim import AdamW
+from gpt.speed.optim import AdamW
 from gpt.data import Batches
 from gpt.train.loop import Loop
 

@@ -19,11 +19,11 @@ from gpt.cli import shown
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.data import Batches
-from gpt import cpu as cpu_hooks
-from gpt.cpu import precision as precision_module
-from gpt.cpu.attention import attention
+from gpt import speed as speed_hooks
+from gpt.speed import precision as precision_module
+from gpt.speed.attention import attention
 from gpt.model import GPT
-from gpt.cpu.precision import cpu_rounds_matmuls, matmul_precision
+from gpt.speed.precision import cpu_rounds_matmuls, matmul_precision
 from gpt.train import loop, resume, runtime
 from gpt.train.loop import bpc_columns, loss_text, lr_at
 from gpt.train.metrics import read_jsonl
@@ -547,7 +547,7 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
                                                                            cpu_rounds_when_asked):
     seen = []
     # torch.compile's own code reads the level back through torch's getter: it must not raise
-    monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(
+    monkeypatch.setattr(speed_hooks, "attention", lambda *a: seen.append(
         (cpu_rounds_matmuls(), torch.get_float32_matmul_precision())) or attention(*a))
     with matmul_precision("medium", "cuda"):      # a caller's own level: CUDA and a CPU rounded
         assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--eval_interval=2",
@@ -561,7 +561,7 @@ def test_a_run_trains_at_its_matmul_precision_and_leaves_the_one_it_found(data_d
 @pytest.mark.e2e
 def test_a_run_trains_on_its_thread_count_and_leaves_the_one_it_found(data_dir, tmp_path, monkeypatch):
     seen = []
-    monkeypatch.setattr(cpu_hooks, "attention", lambda *a: seen.append(torch.get_num_threads())
+    monkeypatch.setattr(speed_hooks, "attention", lambda *a: seen.append(torch.get_num_threads())
                         or attention(*a))
     found = torch.get_num_threads()
     try:

@@ -16,7 +16,7 @@ from .. import checkpoint
 from ..cli import shown
 from ..config import (NAME_MAX, READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig,
                       TrainConfig, build, read_by, read_by_optimizer, user_path)
-from ..cpu.split import split_plan
+from ..speed.split import split_plan
 from ..errors import UserError
 from ..train.metrics import read_jsonl
 from ..train.runtime import check_compile, check_threads, resolve_device

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
-from ..cpu.optim import clip_grad_norm
-from ..cpu.split import split_plan
+from ..speed.optim import clip_grad_norm
+from ..speed.split import split_plan
 from ..data import bpc, per_character
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError

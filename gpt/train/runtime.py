@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..config import GPTConfig, SampleConfig, TrainConfig
-from ..cpu.precision import cpu_computes_bfloat16, torch_level
+from ..speed.precision import cpu_computes_bfloat16, torch_level
 from ..errors import UserError, first_line
 from ..memory import device_memory
 

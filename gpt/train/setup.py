@@ -12,10 +12,10 @@ import torch
 
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
-from ..cpu.allocator import keep_freed_memory
-from ..cpu.optim import AdamW
-from ..cpu.precision import matmul_precision, torch_level
-from ..cpu.split import RowSplit
+from ..speed.allocator import keep_freed_memory
+from ..speed.optim import AdamW
+from ..speed.precision import matmul_precision, torch_level
+from ..speed.split import RowSplit
 from ..data import Batches, load_meta
 from ..datasets import ensure_prepared
 from ..diagnostics import unigram_loss
