@@ -12,8 +12,9 @@ from gpt.console import interrupt_quietly_while_loading, loaded, output_may_clos
 interrupt_quietly_while_loading(__name__)      # before torch loads
 from gpt.sweep import runner, submit  # noqa: E402
 from gpt.train import loop, resume, signals, source  # noqa: E402
-from gpt.cli import SECTIONS, help_text, parse_argv  # noqa: E402
+from gpt.cli import help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
+from gpt.config_files import SECTIONS  # noqa: E402
 from gpt.errors import UserError  # noqa: E402
 
 

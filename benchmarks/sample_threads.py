@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that
 import torch  # noqa: E402
 
 from gpt import GPTConfig  # noqa: E402
-from gpt.cli import read_config_file  # noqa: E402
+from gpt.config_files import read_config_file  # noqa: E402
 from gpt.console import Parser  # noqa: E402
 from gpt.speed.threads import sampling_threads  # noqa: E402
 from gpt.model import GPT  # noqa: E402

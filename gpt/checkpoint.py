@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .cli import available_configs, read_config_file
 from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgraded
+from .config_files import available_configs, read_config_file
 from .data import valid_meta
 from .errors import UserError, first_line
 from .model import GPT

@@ -2,7 +2,7 @@
 
 GPTConfig describes the model, TrainConfig one training run, SweepConfig the grid around it and
 SampleConfig one sampling command. Validation happens in __post_init__, so a bad value fails where
-it enters; the command line and config files are read in cli.py.
+it enters; the command line is read in cli.py, config files in config_files.py.
 """
 
 from __future__ import annotations

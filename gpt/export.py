@@ -34,8 +34,9 @@ from pathlib import Path
 import torch
 
 from . import checkpoint
-from .cli import run_command, shown
+from .cli import run_command
 from .config import GPTConfig, _check_choices, _named, check_types, opt, user_path
+from .config_files import shown
 from .console import interrupt_in_one_line, output_may_close
 from .errors import UserError, first_line
 from .hf_tokenizers import dumps, tokenizer_files

@@ -1,4 +1,4 @@
-"""gpt/cli.py: the command line, TOML config files, values as typed, and --help."""
+"""gpt/cli.py and gpt/config_files.py: the command line, TOML config files, values as typed, and --help."""
 
 import dataclasses
 import re
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt.cli import CONFIG_DIR, available_configs, convert, help_text, parse_argv, read_config_file, shown
+from gpt.cli import help_text, parse_argv
+from gpt.config_files import CONFIG_DIR, available_configs, convert, read_config_file, shown
 from gpt.config import GPTConfig, SampleConfig, TrainConfig, build
 from gpt.errors import UserError
 

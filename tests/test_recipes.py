@@ -8,7 +8,7 @@ import pytest
 import train
 from conftest import ROOT
 from gpt import checkpoint
-from gpt.cli import read_config_file
+from gpt.config_files import read_config_file
 from gpt.diagnostics import whole_split_loss
 
 TEXT = ROOT / "data" / "shakespeare_char" / "input.txt"

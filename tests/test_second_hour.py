@@ -12,7 +12,7 @@ import torch
 import train
 from conftest import tiny_args
 from gpt import checkpoint
-from gpt.cli import read_config_file
+from gpt.config_files import read_config_file
 from gpt.config import GPTConfig, TrainConfig
 from gpt.console import Terminated
 from gpt.errors import UserError

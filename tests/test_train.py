@@ -15,7 +15,7 @@ import sample
 import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
-from gpt.cli import shown
+from gpt.config_files import shown
 from gpt.config import GPTConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.data import Batches

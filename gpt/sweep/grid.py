@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint
-from ..cli import shown
+from ..config_files import shown
 from ..config import (NAME_MAX, READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig,
                       TrainConfig, build, read_by, read_by_optimizer, user_path)
 from ..speed.split import split_plan

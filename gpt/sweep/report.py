@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from .. import checkpoint
-from ..cli import shown
+from ..config_files import shown
 from ..config import TrainConfig, read_by, user_path
 from ..data import bpc
 from ..errors import UserError

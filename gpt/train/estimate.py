@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ..cli import available_configs, read_config_file
+from ..config_files import available_configs, read_config_file
 from ..config import GPTConfig, TrainConfig, build
 from ..model import GPT
 from ..progress import duration

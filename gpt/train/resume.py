@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import checkpoint
-from ..cli import shown
+from ..config_files import shown
 from ..config import GPTConfig, TrainConfig, build
 from ..errors import UserError
 from .metrics import read_jsonl
