@@ -11,7 +11,7 @@ from gpt.console import interrupt_quietly_while_loading, loaded, output_may_clos
 
 interrupt_quietly_while_loading(__name__)      # before torch loads
 from gpt.sweep import runner, submit  # noqa: E402
-from gpt.train import loop, resume, signals, source  # noqa: E402
+from gpt.train import loop, outcome, resume, signals, source  # noqa: E402
 from gpt.cli import help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
 from gpt.config_files import SECTIONS  # noqa: E402
@@ -51,7 +51,7 @@ def run(argv: list[str]) -> int:
         summary = loop.train(model_cfg, train_cfg, argv)
     except loop.Diverged as e:
         print(f"error: {e}", file=sys.stderr)
-        return loop.DIVERGED_EXIT
+        return outcome.DIVERGED_EXIT
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from gpt.sweep import grid, plots, report, runner
 from gpt.cli import parse_argv
 from gpt.config import REPO_ROOT, GPTConfig, TrainConfig
 from gpt.errors import UserError
-from gpt.train.loop import DIVERGED_EXIT
+from gpt.train.outcome import DIVERGED_EXIT
 
 
 def test_grid_expansion_and_run_names(tmp_path):

@@ -15,8 +15,8 @@ import sample
 import train
 from conftest import ROOT, tiny_args
 from gpt import checkpoint
-from gpt.config_files import shown
 from gpt.config import GPTConfig, TrainConfig
+from gpt.config_files import shown
 from gpt.errors import UserError
 from gpt.data import Batches
 from gpt import speed as speed_hooks
@@ -25,7 +25,8 @@ from gpt.speed.attention import attention
 from gpt.model import GPT
 from gpt.speed.precision import cpu_rounds_matmuls, matmul_precision
 from gpt.train import loop, resume, runtime
-from gpt.train.loop import bpc_columns, loss_text, lr_at
+from gpt.train.loop import bpc_columns, lr_at
+from gpt.train.outcome import loss_text
 from gpt.train.metrics import read_jsonl
 from gpt.train.runtime import check_compile
 from gpt.train.setup import make_optimizer

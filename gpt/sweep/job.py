@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from ..config import REPO_ROOT
-from ..train.loop import DIVERGED_EXIT
+from ..train.outcome import run_status
 from ..train.rundir import write_json
 from ..train.signals import SWEEP_PID
 from .grid import Run, finished_by_checkpoint, run_command
@@ -54,7 +54,7 @@ class RunJob:
         if code < 0 or code > 128:
             raise Stopped(f"{run.folder.name} was stopped (exit status {code}) and saved its checkpoint; "
                           "the sweep's command resumes it")
-        status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(code, "failed")
+        status = run_status(code)
         write_json(run.folder / "result.json",
                    {"status": status, "returncode": code, "wall_s": time.time() - started})
         return status

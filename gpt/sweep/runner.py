@@ -17,7 +17,7 @@ from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
 from ..progress import duration
-from ..train.loop import DIVERGED_EXIT, loss_text
+from ..train.outcome import DIVERGED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
 from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
@@ -202,7 +202,7 @@ def _record(entry, returncode: int, done: int, total: int, walls: list[float] | 
     mean time of the runs ended so far, once there is one."""
     run, started, log = entry
     log.close()
-    status = {0: "finished", DIVERGED_EXIT: "diverged"}.get(returncode, "failed")
+    status = run_status(returncode)
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
     write_json(run.folder / "result.json", result)
     final = final_eval(run.folder)

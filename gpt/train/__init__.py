@@ -7,5 +7,6 @@ setup.py     everything a run needs before its first step
 evaluate.py  the mean loss of each split over fixed windows
 metrics.py   metrics.jsonl and Weights & Biases
 signals.py   Ctrl-C, SIGTERM and SIGHUP as a request to stop after the step
+outcome.py   how a run ends: exit statuses, the status a sweep records, a loss as printed
 loop.py      train(): setup, then fit (step, evaluate, save) under the learning-rate schedule
 """

@@ -26,6 +26,7 @@ from ..memory import out_of_memory_in_one_line
 from ..progress import progress
 from . import estimate
 from .evaluate import mean_losses
+from .outcome import loss_text
 from .pending import Pending
 from .resume import NOT_SAVED, rng_state
 from .rundir import how_to_continue
@@ -37,9 +38,6 @@ from .signals import StopRequest, end_with_the_sweep
 
 class Diverged(UserError):
     """The loss or the gradient became nan or inf."""
-
-
-DIVERGED_EXIT = 3       # train.py's exit status for Diverged, so a sweep can tell it from a failure
 
 
 def lr_at(it: int, cfg: TrainConfig) -> float:
@@ -73,11 +71,6 @@ def bpc_columns(losses: dict, meta: dict) -> dict:
     if not per_character(meta):
         return {}
     return {key.removesuffix("_loss") + "_bpc": bpc(loss) for key, loss in losses.items()}
-
-
-def loss_text(loss: float, in_bpc: bool) -> str:
-    """A loss as a run's lines show it, with in_bpc its bits per character beside it."""
-    return f"{loss:.4f} ({bpc(loss):.3f} bpc)" if in_bpc else f"{loss:.4f}"
 
 
 def train(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None = None) -> dict:
