@@ -54,7 +54,7 @@ def sample(cfg: SampleConfig):
     device = resolve_device(cfg.device)
     if cfg.init_from:
         from gpt.train import source
-        model, tok = source.load_for_sampling(cfg.init_from, device)
+        model, tok = source.load_source_for_sampling(cfg.init_from, device)
     else:
         name, otherwise = checkpoint.chosen(Path(cfg.out_dir), cfg.ckpt, "samples")
         model, tok = checkpoint.load_for_sampling(cfg.out_dir, device, name, otherwise)

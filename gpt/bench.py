@@ -168,7 +168,8 @@ def time_sampling(model: GPT, new_tokens: int, prompt_len: int, use_cache: bool,
     return new_tokens / (time.perf_counter() - t)
 
 
-def run(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
+def measure_speed(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConfig) -> dict:
+    """Training's speed, MFU and peak memory, the diagnostics' share, and sampling's speed, for one config."""
     device = resolve_device(train_cfg.device)
     dtype = autocast_dtype(train_cfg, device)
     if torch.device(device).type == "cuda":
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         given = f"--config {args.config_name}" if args.config_name else "no --config: defaults for all not given"
         print(f"timing {bench.bench_warmup} + {bench.bench_iters} steps ({given}) in a scratch folder, then "
               "sampling", file=sys.stderr, flush=True)
-        result = run(model_cfg, train_cfg, bench)
+        result = measure_speed(model_cfg, train_cfg, bench)
     except UserError as e:
         print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
         return 2

@@ -115,7 +115,7 @@ def score(model, ids, stride: int, batch_size: int = 64, desc: str = "scoring") 
 
 # ---------------------------------------------------------------- the command
 
-def load(cfg: EvaluateConfig, device: str) -> tuple[torch.nn.Module, dict]:
+def load_for_scoring(cfg: EvaluateConfig, device: str) -> tuple[torch.nn.Module, dict]:
     """(model in eval mode on device, its checkpoint's plain values) for cfg's run and ckpt."""
     name, otherwise = checkpoint.chosen(Path(cfg.out_dir), cfg.ckpt, "evaluates")
     model, ckpt = checkpoint.load_for_inference(cfg.out_dir, device, name, otherwise,
@@ -157,7 +157,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
     perplexity, and what was scored (folder, window, stride) for the plain report."""
     from .train.runtime import resolve_device
     device = resolve_device(cfg.device)
-    model, saved = load(cfg, device)
+    model, saved = load_for_scoring(cfg, device)
     block = model.config.block_size
     if cfg.stride > block:
         raise UserError(f"stride={cfg.stride} is more than the model's block_size={block}: tokens "
@@ -178,7 +178,7 @@ def evaluate(cfg: EvaluateConfig) -> dict:
             "folder": str(folder), "window": min(block, len(ids) - 1), "stride": min(stride, len(ids) - 1)}
 
 
-def report(result: dict) -> str:
+def score_text(result: dict) -> str:
     bits = f", {result['bpc']:.4f} bpc" if result["bpc"] is not None else ""
     return (f"{result['split']} split of {result['folder']}: {result['tokens']:,} tokens scored in windows "
             f"of {result['window']}, stride {result['stride']}\n"
@@ -190,7 +190,8 @@ JSON_KEYS = ("split", "tokens", "loss", "bpc", "perplexity")
 
 def main(argv: list[str] | None = None) -> int:
     return run_command("-m gpt.evaluate", EvaluateConfig, argv, evaluate,
-                       lambda cfg, result: to_json({k: result[k] for k in JSON_KEYS}) if cfg.json else report(result))
+                       lambda cfg, result: (to_json({k: result[k] for k in JSON_KEYS}) if cfg.json
+                                            else score_text(result)))
 
 
 if __name__ == "__main__":

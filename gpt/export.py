@@ -317,14 +317,14 @@ def export(cfg: ExportConfig) -> dict:
             "files": sorted(p.name for p in dest.iterdir())}
 
 
-def report(result: dict) -> str:
+def export_text(result: dict) -> str:
     return (f"wrote {result['folder']}: {result['checkpoint']} as GPT-2 ({result['params']:,} parameters) "
             f"with its {result['tokenizer']} tokenizer; {', '.join(result['files'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
     return run_command("-m gpt.export", ExportConfig, argv, export,
-                       lambda cfg, result: report(result))
+                       lambda cfg, result: export_text(result))
 
 
 if __name__ == "__main__":

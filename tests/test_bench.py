@@ -52,7 +52,7 @@ def test_bench_rejects_bad_arguments(capsys, monkeypatch):
 
     def timed(model_cfg, train_cfg, bench_cfg):     # reached: nothing refused
         raise bench.UserError("timing")
-    monkeypatch.setattr(bench, "run", timed)
+    monkeypatch.setattr(bench, "measure_speed", timed)
     for argv in (["--resume=false"], ["--config", "shakespeare_char", "--resume", "no"]):
         assert bench.main(argv) == 2
         assert capsys.readouterr().err.endswith(" in a scratch folder, then sampling\nerror: timing\n")

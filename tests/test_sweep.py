@@ -335,7 +335,7 @@ def test_a_sweep_makes_good_a_finished_runs_failed_best_copy(data_dir, tmp_path,
     assert checkpoint.load(run / "ckpt_best.pt")["iter"] == 4
     # never while another process trains the run, and a copy that fails is said, the run kept
     (run / "ckpt_best.pt").unlink()
-    entry = grid.Run({"residual": True}, 1337, run)
+    entry = grid.SweepRun({"residual": True}, 1337, run)
     with checkpoint.hold_folder(run):
         assert not grid.finished_by_checkpoint(entry, 4)
     assert not (run / "ckpt_best.pt").exists()
@@ -508,7 +508,7 @@ def test_a_run_trained_under_another_axis_is_not_reused_with_other_settings(data
     # a default typed out is no change, nor is a speed setting; a run recorded with a relative
     # data_dir read the repository's
     assert sweep_with("--sweep", "n_head=1,2", "--activation=gelu", "--flush_denormal=true") == 0
-    run = grid.Run({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
+    run = grid.SweepRun({"n_head": 1}, 1337, out / "n_head=1__seed=1337")
     record = json.loads((run.folder / "config.json").read_text())
     model_cfg = GPTConfig(**record["model"])
     train_cfg = TrainConfig(**{**record["train"], "data_dir": str(REPO_ROOT / "data")})

@@ -23,7 +23,8 @@ from ..train.runtime import check_compile, check_threads, resolve_device
 
 
 @dataclass
-class Run:
+class SweepRun:
+    """One run of a sweep: a grid point's setting, a seed, and the folder it trains in."""
     setting: dict         # axis name -> value
     seed: int
     folder: Path
@@ -45,7 +46,7 @@ def setting_label(setting: dict) -> str:
 MAX_RUNS = 100_000
 
 
-def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[Run]:
+def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[SweepRun]:
     """Every combination of axis values (first axis slowest), each with `seeds` seeds. Where the
     optimizer is an axis, a run of one that does not read an axis (AdamW and muon_lr) is made once,
     and that axis is left out of its setting."""
@@ -64,11 +65,11 @@ def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> 
         setting = {n: v for n, v in setting.items() if n not in unread}
         for i in range(seeds):
             seed = base_seed + i
-            runs.append(Run(setting, seed, out_dir / f"{setting_label(setting)}__seed={seed}"))
+            runs.append(SweepRun(setting, seed, out_dir / f"{setting_label(setting)}__seed={seed}"))
     return runs
 
 
-def setting_of(run: Run) -> dict:
+def setting_of(run: SweepRun) -> dict:
     """The run's axis values as its process gets them: a data_dir from where the sweep starts,
     since each run's process starts in the repository root (the folder name keeps it as typed)."""
     if "data_dir" not in run.setting:
@@ -76,7 +77,8 @@ def setting_of(run: Run) -> dict:
     return {**run.setting, "data_dir": str(Path(user_path(run.setting["data_dir"], "data_dir")).resolve())}
 
 
-def run_command(values: dict, run: Run, threads: int) -> list[str]:
+def train_argv(values: dict, run: SweepRun, threads: int) -> list[str]:
+    """The `python train.py` command that trains run in its folder, resuming what it saved."""
     args = {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}
     args.update(setting_of(run), seed=run.seed, out_dir=str(run.folder))
     args.setdefault("threads", threads)
@@ -92,7 +94,7 @@ def run_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTConfig, TrainConfig]]:
+def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[GPTConfig, TrainConfig]]:
     """Fail before anything runs: on --resume, on two settings that would share a run folder, and
     on any grid point that is not a valid config. Returns each run's configs."""
     for name in ("resume", "overwrite"):
@@ -116,7 +118,7 @@ def check_grid(values: dict, runs: list[Run], threads: int) -> list[tuple[GPTCon
     for r in runs:      # after the names' length: a name too long makes exists() fail
         if r.folder.exists() and not r.folder.is_dir():
             raise UserError(f"{r.folder} is a file, where the sweep keeps that run; move it away")
-    # threads as run_command gives them: a count given, 0 included, goes to the run as it is
+    # threads as train_argv gives them: a count given, 0 included, goes to the run as it is
     configs = [(build(GPTConfig, {**values, **setting_of(r)}),
                 build(TrainConfig, {"threads": threads, **values, **setting_of(r), "seed": r.seed,
                                     "out_dir": str(r.folder)}))
@@ -153,7 +155,7 @@ NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_sp
 SPEED = ("flush_denormal", "threads", "thread_split")
 
 
-def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
+def changed_settings(run: SweepRun, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:
     """How the run already in run.folder (its config.json, one line per setting) differs from the
     configs the sweep would give it now: reusing it would report old results as new ones."""
     path = run.folder / "config.json"
@@ -187,7 +189,7 @@ def changed_settings(run: Run, model_cfg: GPTConfig, train_cfg: TrainConfig) -> 
     return changed
 
 
-def finished_by_checkpoint(run: Run, max_iters: int) -> bool:
+def finished_by_checkpoint(run: SweepRun, max_iters: int) -> bool:
     """A run whose result was never recorded (the sweep was stopped as it ended, or a copy of
     ckpt_best.pt failed at its last save) but whose checkpoint is complete; its ckpt_best.pt is
     made good on the way."""

@@ -11,7 +11,7 @@ from ..config import REPO_ROOT
 from ..train.outcome import run_status
 from ..train.rundir import write_json
 from ..train.signals import SWEEP_PID
-from .grid import Run, finished_by_checkpoint, run_command
+from .grid import SweepRun, finished_by_checkpoint, train_argv
 
 
 class Stopped(RuntimeError):
@@ -35,7 +35,7 @@ class RunJob:
     def __getstate__(self):
         return {"values": self.values, "threads": self.threads, "_proc": None, "_code": None}
 
-    def __call__(self, run: Run, max_iters: int) -> str:
+    def __call__(self, run: SweepRun, max_iters: int) -> str:
         run.folder.mkdir(parents=True, exist_ok=True)
         (run.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
         if finished_by_checkpoint(run, max_iters):     # it ended as the job was stopped
@@ -45,7 +45,7 @@ class RunJob:
         signal.signal(signal.SIGTERM, self._forward)    # scancel: the run saves before it ends
         with open(run.folder / "log.txt", "a") as log:
             # SWEEP_PID: the run saves and ends should this job process die
-            self._proc = subprocess.Popen(run_command(self.values, run, self.threads), stdout=log,
+            self._proc = subprocess.Popen(train_argv(self.values, run, self.threads), stdout=log,
                                           stderr=subprocess.STDOUT, cwd=REPO_ROOT, preexec_fn=_ignore_usr2,
                                           env={**os.environ, SWEEP_PID: str(os.getpid())})
             while self._reap(block=False) is None:
@@ -75,7 +75,7 @@ class RunJob:
         if self._proc is not None and self._code is None:
             self._proc.send_signal(signum)
 
-    def checkpoint(self, run: Run, max_iters: int):
+    def checkpoint(self, run: SweepRun, max_iters: int):
         """submitit's call on SIGUSR2 (a time limit or a preemption near): the run saves its
         checkpoint and ends, and the job is requeued with the same run, which resumes from it."""
         from submitit.helpers import DelayedSubmission

@@ -20,8 +20,8 @@ from ..progress import duration
 from ..train.outcome import DIVERGED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
-from .grid import (DONE, Run, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
-                   read_json, run_command, run_threads)
+from .grid import (DONE, SweepRun, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
+                   read_json, run_threads, train_argv)
 from . import submit
 from .report import report
 
@@ -105,7 +105,7 @@ def run(args, argv: list[str]) -> int:
         return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir)
 
 
-def _unfinished(runs: list[Run], run_cfgs, ended: list[bool]) -> list[tuple[Run, int]]:
+def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple[SweepRun, int]]:
     """The runs to start, with their max_iters: failed runs are tried again."""
     todo = []
     for r, (_, cfg), end in zip(runs, run_cfgs, ended):
@@ -118,11 +118,11 @@ def _unfinished(runs: list[Run], run_cfgs, ended: list[bool]) -> list[tuple[Run,
     return todo
 
 
-def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir: Path) -> int:
+def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path) -> int:
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)
-    running: dict[subprocess.Popen, tuple[Run, float, object]] = {}
+    running: dict[subprocess.Popen, tuple[SweepRun, float, object]] = {}
     done, walls = len(runs) - len(todo), []          # walls: the seconds of the runs ended here
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(raise_on_signal)
@@ -142,7 +142,7 @@ def _run_grid(values: dict, jobs: int, runs: list[Run], todo: list[Run], out_dir
                                     "it, and run the same command again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint
-                proc = subprocess.Popen(run_command(values, r, threads), stdout=log,
+                proc = subprocess.Popen(train_argv(values, r, threads), stdout=log,
                                         stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                         start_new_session=True, env=env)
                 running[proc] = (r, time.time(), log)

@@ -18,7 +18,7 @@ from ..console import Terminated
 from ..errors import UserError
 from ..train.signals import catch_signals, raise_on_signal
 from . import queue
-from .grid import DONE, Run, final_eval, read_json, run_threads
+from .grid import DONE, SweepRun, final_eval, read_json, run_threads
 from .job import RunJob
 from .report import report
 
@@ -36,7 +36,7 @@ def check_options(args, launcher: str) -> None:
                         "give --launcher=slurm, or leave it out")
 
 
-def launch(values: dict, cfg: SweepConfig, todo: list[tuple[Run, int]], total: int, out_dir: Path) -> int:
+def launch(values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], total: int, out_dir: Path) -> int:
     """Submit the runs in todo (with their max_iters) that no job holds yet. Slurm: return at once;
     submitit_local: wait for them, --jobs at a time, then write the report."""
     waiting = queue.pending(out_dir, [r.folder.name for r, _ in todo])
@@ -103,7 +103,7 @@ def _job_environment():
             os.environ["PYTHONPATH"] = before
 
 
-def _submit(executor, values: dict, threads: int, todo: list[tuple[Run, int]]) -> list:
+def _submit(executor, values: dict, threads: int, todo: list[tuple[SweepRun, int]]) -> list:
     from submitit.core.utils import FailedJobError
     try:
         # submitit prints sbatch's error as well: said once, in one line, below
@@ -114,7 +114,7 @@ def _submit(executor, values: dict, threads: int, todo: list[tuple[Run, int]]) -
     return jobs
 
 
-def _submit_array(executor, values: dict, cfg: SweepConfig, todo: list[tuple[Run, int]], out_dir: Path) -> None:
+def _submit_array(executor, values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], out_dir: Path) -> None:
     jobs = _submit(executor, values, cfg.slurm_cpus, todo)
     queue.note(out_dir, "slurm", executor.folder, {r.folder.name: job.job_id for (r, _), job in zip(todo, jobs)})
     array = jobs[0].job_id.split("_")[0]
@@ -128,7 +128,7 @@ def _say_how_to_follow(out_dir: Path) -> None:
           f"cancel: python -m gpt.sweep cancel {out_dir}")
 
 
-def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[Run, int]], out_dir: Path) -> int:
+def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, int]], out_dir: Path) -> int:
     """submitit's local jobs, --jobs at a time; Ctrl-C or SIGTERM stops them, and each run saves."""
     queue.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
     running, threads, submitted = {}, run_threads(jobs), [r for r, _ in todo]
@@ -167,7 +167,7 @@ def _status(folder: Path) -> str:
     return read_json(path).get("status", "failed") if path.exists() else "not run"
 
 
-def _said_ended(run: Run) -> None:
+def _said_ended(run: SweepRun) -> None:
     final = final_eval(run.folder)
     val = f"val loss {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
     print(f"{run.folder.name}: {_status(run.folder)}, {val}", flush=True)

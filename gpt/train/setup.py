@@ -97,7 +97,7 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
             return already_done(at, cfg, master)
     else:
         if cfg.init_from:   # every rank: DDP checks that they start alike
-            source.load_weights(model, source.resolve(cfg.init_from))
+            source.load_source_weights(model, source.resolve(cfg.init_from))
         if master:      # a fresh run in an old folder replaces that run, so nothing stale mixes in
             resume.start_afresh(out_dir, cfg)
 

@@ -124,7 +124,7 @@ def describe(meta: dict) -> str:
     return f"characters ({meta.get('vocab_size')} of them)"
 
 
-def load_weights(model, source: Source) -> None:
+def load_source_weights(model, source: Source) -> None:
     """The source's weights into model, the position table cropped to model's block_size."""
     expected = model.state_dict()
     if source.run_file is not None:
@@ -148,7 +148,7 @@ def _position_table(config: GPTConfig) -> dict:
     return {"transformer.wpe.weight": torch.empty(config.block_size, config.n_embd, device="meta")}
 
 
-def load_for_sampling(init_from: str, device: str):
+def load_source_for_sampling(init_from: str, device: str):
     """(model in eval mode on device, tokenizer) of a GPT-2 name or folder, exported from here too."""
     found = resolve(init_from)
     if found.run_file is not None:
@@ -157,5 +157,5 @@ def load_for_sampling(init_from: str, device: str):
         raise UserError(f"init_from={init_from!r}: its tokenizer is not one this project knows (GPT-2's BPE, "
                         "or characters or bytes exported from here)")
     model = GPT(found.config)
-    load_weights(model, found)
+    load_source_weights(model, found)
     return model.to(device).eval(), tokenizer_from_meta(found.meta)
