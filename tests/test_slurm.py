@@ -15,7 +15,7 @@ import torch
 import train
 from conftest import tiny_args
 from gpt.config import REPO_ROOT
-from gpt.sweep import queue, report
+from gpt.sweep import report, submitted
 
 pytest.importorskip("submitit")
 pytestmark = pytest.mark.e2e
@@ -98,7 +98,7 @@ def test_a_job_stopped_by_the_time_limit_signal_is_requeued_and_ends_as_an_unint
     while _iters(run) < 200:        # mid-run: past its first checkpoints, well before its end
         assert sweep.poll() is None
         time.sleep(0.05)
-    controller = int(queue.read(out)["jobs"][run.name]["id"])
+    controller = int(submitted.read(out)["jobs"][run.name]["id"])
     os.kill(_task_of(controller), signal.SIGUSR2)       # what submitit sends at a time limit or preemption
     assert sweep.wait(timeout=300) == 0
     log = (run / "log.txt").read_text()
@@ -126,7 +126,7 @@ def test_slurm_submits_one_array_with_the_options_and_returns(data_dir, tmp_path
             "#SBATCH --exclusive", "#SBATCH --array=0-3%2", "#SBATCH --signal=USR2@90"} <= sbatch
     assert f"{sys.executable} -u -m submitit.core._submit" in script
     assert not any((out / f"residual=true__seed={s}" / "ckpt.pt").exists() for s in (1337, 1338))    # nothing ran here
-    assert queue.read(out)["jobs"]["residual=false__seed=1338"]["id"] == "4242_3"
+    assert submitted.read(out)["jobs"]["residual=false__seed=1338"]["id"] == "4242_3"
 
     (slurm / "sacct.txt").write_text("4242_0|RUNNING\n4242_1|PENDING\n4242_2|FAILED\n4242_3|PENDING\n")
     (out / "residual=false__seed=1337").mkdir()

@@ -9,5 +9,5 @@ resumes interrupted ones. The report reads only DIR/sweep.json and the run folde
 metrics.jsonl and result.json.
 
 grid.py makes the runs, runner.py runs them (submit.py and job.py as submitit jobs, --launcher=slurm;
-queue.py and status.py follow those jobs), report.py and plots.py read what they wrote.
+submitted.py and status.py follow those jobs), report.py and plots.py read what they wrote.
 """

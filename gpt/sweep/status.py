@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import checkpoint
 from ..config import user_path
 from ..errors import UserError
-from . import queue
+from . import submitted
 from .grid import DONE, expand, read_json
 from .results import collect
 
@@ -42,7 +42,7 @@ def standing(out_dir: Path) -> dict[str, list[str]]:
     process at work here, no job of their own), stopped (a ckpt.pt to resume from, no job
     pending), failed, not submitted."""
     sweep, _ = collect(out_dir)
-    found = queue.states(queue.read(out_dir))
+    found = submitted.states(submitted.read(out_dir))
     at_work = sweep_process_in(out_dir)
     groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
     for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], out_dir):
@@ -73,16 +73,16 @@ def status(out_dir: Path) -> int:
 def cancel(out_dir: Path) -> int:
     """Cancel the queued and running jobs; a running run saves its checkpoint as its job ends."""
     collect(out_dir)        # a sweep folder, or one line saying it is not
-    record = queue.read(out_dir)
-    found = queue.states(record)
+    record = submitted.read(out_dir)
+    found = submitted.states(record)
     live = [name for name, state in found.items() if state in ("queued", "running")]
     if not live:
         print("no job of this sweep is queued or running")
         return 0
     if record.get("launcher") == "slurm":
-        queue.slurm_tool(["scancel", *sorted({record["jobs"][name]["id"] for name in live})])
+        submitted.slurm_tool(["scancel", *sorted({record["jobs"][name]["id"] for name in live})])
     else:
-        if record.get("submitter") and queue.process_exists(record["submitter"]):
+        if record.get("submitter") and submitted.process_exists(record["submitter"]):
             os.kill(record["submitter"], signal.SIGTERM)    # the waiting sweep stops its own jobs
         for name in live:
             if record["jobs"][name].get("id"):

@@ -17,7 +17,7 @@ from ..config import REPO_ROOT, SweepConfig
 from ..console import Terminated
 from ..errors import UserError
 from ..train.signals import catch_signals, raise_on_signal
-from . import queue
+from . import submitted
 from .grid import DONE, SweepRun, final_eval, read_json, run_threads
 from .job import RunJob
 from .report import report
@@ -39,7 +39,7 @@ def check_options(args, launcher: str) -> None:
 def launch(values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], total: int, out_dir: Path) -> int:
     """Submit the runs in todo (with their max_iters) that no job holds yet. Slurm: return at once;
     submitit_local: wait for them, --jobs at a time, then write the report."""
-    waiting = queue.pending(out_dir, [r.folder.name for r, _ in todo])
+    waiting = submitted.pending(out_dir, [r.folder.name for r, _ in todo])
     todo = [(r, n) for r, n in todo if r.folder.name not in waiting]
     print(f"sweep: {total} run{'s' * (total != 1)} ({total - len(todo) - len(waiting)} already finished, "
           f"{len(waiting)} queued or running), {len(todo)} to submit ({cfg.launcher}), in {out_dir}")
@@ -110,13 +110,13 @@ def _submit(executor, values: dict, threads: int, todo: list[tuple[SweepRun, int
         with _job_environment(), contextlib.redirect_stderr(io.StringIO()), executor.batch():
             jobs = [executor.submit(RunJob(values, threads), r, n) for r, n in todo]
     except (FailedJobError, OSError) as e:
-        raise UserError(f"Slurm refused the sweep's jobs: {queue.short_error(str(e))}") from None
+        raise UserError(f"Slurm refused the sweep's jobs: {submitted.short_error(str(e))}") from None
     return jobs
 
 
 def _submit_array(executor, values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], out_dir: Path) -> None:
     jobs = _submit(executor, values, cfg.slurm_cpus, todo)
-    queue.note(out_dir, "slurm", executor.folder, {r.folder.name: job.job_id for (r, _), job in zip(todo, jobs)})
+    submitted.note(out_dir, "slurm", executor.folder, {r.folder.name: job.job_id for (r, _), job in zip(todo, jobs)})
     array = jobs[0].job_id.split("_")[0]
     print(f"submitted {len(jobs)} run{'s' * (len(jobs) != 1)} as Slurm job {array} ({cfg.jobs} at a time); "
           f"each run's log is {out_dir}/<run>/log.txt, submitit's {executor.folder}/{array}_*_log.out")
@@ -130,7 +130,7 @@ def _say_how_to_follow(out_dir: Path) -> None:
 
 def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, int]], out_dir: Path) -> int:
     """submitit's local jobs, --jobs at a time; Ctrl-C or SIGTERM stops them, and each run saves."""
-    queue.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
+    submitted.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
     running, threads, submitted = {}, run_threads(jobs), [r for r, _ in todo]
     previous = catch_signals(raise_on_signal)
     try:
@@ -138,8 +138,8 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
             while todo and len(running) < jobs:
                 r, n = todo.pop(0)
                 running[r.folder.name] = (r, _submit(executor, values, threads, [(r, n)])[0])
-                queue.note(out_dir, "submitit_local", executor.folder,
-                           {r.folder.name: running[r.folder.name][1].job_id}, os.getpid())
+                submitted.note(out_dir, "submitit_local", executor.folder,
+                               {r.folder.name: running[r.folder.name][1].job_id}, os.getpid())
                 print(f"started {r.folder.name} as local job {running[r.folder.name][1].job_id}", flush=True)
             time.sleep(0.5)
             for name in [name for name, (_, job) in running.items() if job.done()]:
@@ -152,8 +152,8 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        record = queue.read(out_dir)
-        queue.write(out_dir, {**record, "submitter": None})
+        record = submitted.read(out_dir)
+        submitted.write(out_dir, {**record, "submitter": None})
     report(out_dir)
     failed = [r for r in submitted if _status(r.folder) not in DONE]
     if failed:
