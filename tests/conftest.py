@@ -19,7 +19,7 @@ if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_I
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 from gpt.config import GPTConfig  # noqa: E402
-from gpt.datasets import prepare  # noqa: E402
+from gpt.text_dataset import prepare  # noqa: E402
 from gpt.model import GPT  # noqa: E402
 
 # A tiny run: fast on 2 cores, still a real model with every part present.

@@ -12,13 +12,13 @@ import torch
 from gpt.config import REPO_ROOT
 from gpt.errors import UserError
 from gpt.data import Batches
-from gpt.datasets import prepare
+from gpt.text_dataset import prepare
 
 
 @pytest.mark.e2e
 def test_meta_json_is_utf8_whatever_the_locale(tmp_path):
     """A vocabulary of non-ASCII characters survives a machine whose locale is not UTF-8."""
-    code = ("import sys; from pathlib import Path; from gpt.data import load_meta; from gpt.datasets import prepare; "
+    code = ("import sys; from pathlib import Path; from gpt.data import load_meta; from gpt.text_dataset import prepare; "
             "text = 'h\\u00e9llo \\u2014 \\u2603 '; out = Path(sys.argv[1]); prepare(text * 50, out); "
             "assert load_meta(out)['chars'] == sorted(set(text)); print('ok')")     # ASCII: the C locale's argv
     env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}

@@ -1,4 +1,4 @@
-"""gpt/datasets.py: fetching and preparing datasets, and the prepare.py scripts (prepare_main)."""
+"""gpt/datasets.py and gpt/text_dataset.py: fetching and preparing datasets, and the prepare.py scripts (prepare_main)."""
 
 import http.client
 import json
@@ -10,7 +10,8 @@ import pytest
 
 from conftest import make_text
 from gpt.errors import UserError
-from gpt.datasets import ensure_prepared, prepare
+from gpt.datasets import ensure_prepared
+from gpt.text_dataset import prepare
 from gpt.tokenizers import CharTokenizer, tokenizer_from_meta
 
 
@@ -69,7 +70,7 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
     """The text is encoded piece by piece, so that a file of any size fits in memory; the ids must
     be those of each half encoded whole, wherever the pieces end (BPE: only between a character
     and a newline, as its pre-tokenizer would split anyway)."""
-    from gpt import datasets
+    from gpt import text_dataset
     if tokenizer == "tiktoken":
         tiktoken = pytest.importorskip("tiktoken")
         try:
@@ -82,7 +83,7 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
     text = make_text(400) + AWKWARD * 3 + make_text(200, seed=1) + "\n\n"
     n = int(len(text) * 0.9)
     for piece in (1, 5, 64, len(text)):
-        monkeypatch.setattr(datasets, "PIECE", piece)
+        monkeypatch.setattr(text_dataset, "PIECE", piece)
         meta = prepare(text, tmp_path / str(piece), tokenizer=tokenizer)
         train, val = (np.fromfile(tmp_path / str(piece) / f"{s}.bin", dtype=np.uint16).tolist()
                       for s in ("train", "val"))
@@ -96,11 +97,11 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
 
 def test_a_text_file_is_prepared_without_holding_it_in_memory(tmp_path, monkeypatch):
     import tracemalloc
-    from gpt import datasets
-    from gpt.datasets import prepare_file
+    from gpt import text_dataset
+    from gpt.text_dataset import prepare_file
     src = tmp_path / "big.txt"
     src.write_bytes(("hello wörld\r\n" * 200_000).encode())     # 2.6 MB; CRLF read as \n
-    monkeypatch.setattr(datasets, "PIECE", 1 << 14)
+    monkeypatch.setattr(text_dataset, "PIECE", 1 << 14)
     tracemalloc.start()
     try:
         meta = prepare_file(src, tmp_path / "out")
@@ -118,11 +119,11 @@ def test_a_text_file_is_prepared_without_holding_it_in_memory(tmp_path, monkeypa
     (b"ab\xc3", 2),                         # a character cut off at the end
 ])
 def test_a_file_that_is_not_utf8_is_named_with_its_first_bad_byte(content, byte, tmp_path, monkeypatch):
-    from gpt import datasets
-    monkeypatch.setattr(datasets, "PIECE", 3)
+    from gpt import text_dataset
+    monkeypatch.setattr(text_dataset, "PIECE", 3)
     (tmp_path / "bad.txt").write_bytes(content)
     with pytest.raises(UserError, match=rf"bad.txt is not UTF-8 text \(byte {byte}\); convert it"):
-        datasets.prepare_file(tmp_path / "bad.txt", tmp_path / "out")
+        text_dataset.prepare_file(tmp_path / "bad.txt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -238,7 +239,7 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
     ("char", None),                   # deleted
 ])
 def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text, tmp_path, monkeypatch):
-    from gpt import datasets
+    from gpt import text_dataset
     if tokenizer == "tiktoken":
         tiktoken = pytest.importorskip("tiktoken")
         try:
@@ -248,7 +249,7 @@ def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text
     src = tmp_path / "a.txt"
     src.write_text("abc\n" * 100)
     os.utime(src, ns=(0, 0))
-    read, passes = datasets.text_pieces, []
+    read, passes = text_dataset.text_pieces, []
 
     def pieces(path):
         passes.append(path)
@@ -258,16 +259,16 @@ def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text
         yield from read(path)
         if new_text is None and len(passes) == 2:
             path.unlink()
-    monkeypatch.setattr(datasets, "text_pieces", pieces)
+    monkeypatch.setattr(text_dataset, "text_pieces", pieces)
     with pytest.raises(UserError, match=r"^the text changed while it was being prepared; prepare it again$"):
-        datasets.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
+        text_dataset.prepare_file(src, tmp_path / "out", tokenizer=tokenizer)
     assert not (tmp_path / "out").exists()        # the folder it made is gone again
 
 
 def test_a_pipe_is_read_once(tmp_path):
     """--input /dev/stdin or <(command): a second read would find nothing."""
     import threading
-    from gpt.datasets import prepare_file
+    from gpt.text_dataset import prepare_file
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     text = make_text(300)
@@ -301,19 +302,19 @@ def test_a_download_that_cannot_be_written_says_so_and_leaves_no_part_file(tmp_p
 def test_two_preparers_of_one_folder_with_the_same_pid_do_not_share_temporary_files(tmp_path, monkeypatch):
     """The first process of each machine of a torchrun prepares the data, maybe on a shared disk,
     where two of them can have the same process id."""
-    from gpt import datasets
+    from gpt import text_dataset
     src = tmp_path / "a.txt"
     src.write_text(make_text(300))
-    read, passes = datasets.text_pieces, []
+    read, passes = text_dataset.text_pieces, []
 
     def pieces(path):
         passes.append(path)
         if len(passes) == 2:        # the first preparer is encoding: a second one runs meanwhile
-            datasets.prepare_file(src, tmp_path / "out")
+            text_dataset.prepare_file(src, tmp_path / "out")
         yield from read(path)
-    monkeypatch.setattr(datasets, "text_pieces", pieces)
+    monkeypatch.setattr(text_dataset, "text_pieces", pieces)
     monkeypatch.setattr(os, "getpid", lambda: 4242)
-    meta = datasets.prepare_file(src, tmp_path / "out")
+    meta = text_dataset.prepare_file(src, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["meta.json", "train.bin", "val.bin"]
     ids = np.concatenate([np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in ("train", "val")])
     assert CharTokenizer(meta["chars"]).decode(ids.tolist()) == src.read_text()

@@ -175,7 +175,7 @@ def test_the_files_do_not_depend_on_the_pieces_the_zip_is_read_in(tmp_path, smal
         return real(self, n)
     monkeypatch.setattr(zipfile.ZipExtFile, "read", read)
     for piece in (7, 200, 1600):
-        monkeypatch.setattr(datasets, "PIECE", piece)
+        monkeypatch.setattr(datasets, "BLOCK", piece)
         folder = datasets.ensure_prepared(str(tmp_path / str(piece)), "enwik8", url)
         for name in ("train.bin", "val.bin", "test.bin", "meta.json"):
             assert (folder / name).read_bytes() == (whole / name).read_bytes()

@@ -10,7 +10,7 @@ import sample
 import train
 from conftest import make_text
 from gpt import checkpoint
-from gpt.datasets import prepare
+from gpt.text_dataset import prepare
 from gpt.model import GPT
 from gpt.train import source
 

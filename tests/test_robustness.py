@@ -18,7 +18,7 @@ import train
 from conftest import ROOT, make_text, tiny_args
 from gpt import checkpoint
 from gpt.errors import UserError
-from gpt.datasets import prepare
+from gpt.text_dataset import prepare
 from gpt.train.metrics import read_jsonl
 
 
@@ -1202,7 +1202,7 @@ def test_torchrun_on_an_apple_gpu_is_refused_before_it_starts(data_dir, tmp_path
 @pytest.mark.e2e
 def test_a_default_prompt_the_runs_text_cannot_spell_asks_for_one(tmp_path, capsys):
     from gpt import figures
-    from gpt.datasets import prepare
+    from gpt.text_dataset import prepare
     prepare("ab" * 3000, tmp_path / "data" / "ab")       # one line: no newline, no ROMEO
     out = tmp_path / "run"
     assert train.main(tiny_args(tmp_path / "data", out, "--dataset=ab", "--max_iters=2", "--eval_interval=2")) == 0
@@ -1388,17 +1388,17 @@ def test_a_run_of_ones_own_in_a_sweeps_folder_is_not_told_the_sweep_continues_it
 
 def test_a_kill_while_a_dataset_is_prepared_leaves_no_temporary_files(tmp_path, monkeypatch, capsys):
     """SIGTERM and SIGHUP, like Ctrl-C, end the prepare scripts through their clean-up."""
-    from gpt import datasets
+    from gpt import datasets, text_dataset
     from gpt.console import interrupt_in_one_line
     src = tmp_path / "a.txt"
     src.write_text(make_text(300))
-    read = datasets.text_pieces
+    read = text_dataset.text_pieces
 
     def pieces(path):
         yield from read(path)
         if list((tmp_path / "out").glob("*.tmp*")):     # the second pass, its files begun
             os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(datasets, "text_pieces", pieces)
+    monkeypatch.setattr(text_dataset, "text_pieces", pieces)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stop:
         with interrupt_in_one_line(terminate=True):
