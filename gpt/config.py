@@ -244,14 +244,14 @@ class TrainConfig:
                      "attention in float32, where it is faster", ("auto", "fast", "float32", "bfloat16"))
     matmul_precision: str = opt("high", "float32 matmuls while training: highest is exact; high lets "
                                 "CUDA use TF32 (a CPU stays exact); medium also lets a CPU with AMX "
-                                "round their inputs to bfloat16, summing in float32: 1.2-1.5x faster "
-                                "steps there; other CPUs stay exact", ("highest", "high", "medium"))
+                                "round their inputs to bfloat16, summing in float32, for faster steps "
+                                "there; other CPUs stay exact", ("highest", "high", "medium"))
     compile: bool = opt(False, "torch.compile the model (slow first step, faster after)")
     threads: int = opt(0, "CPU threads for torch during the run; 0 keeps the current count")
     flush_denormal: bool = opt(True, "CPU: treat subnormal floats as zero; saturated attention makes "
-                               "them, and they slowed training steps by up to 1.6x")
+                               "them, and they slow training steps")
     thread_split: str = opt("auto", "CPU: batch gives each thread its own rows of a micro-batch, on "
-                            "one core (1.1x faster steps on the CPU recipe, 2 cores); ops lets torch "
+                            "one core, for faster steps; ops lets torch "
                             "split every op between the threads; auto is batch for 2 to 4 threads "
                             "where a run can split (batch_size 2 or more; no dropout, compile, "
                             "torchrun or AMX rounding), else ops", ("auto", "batch", "ops"))

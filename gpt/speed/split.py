@@ -25,8 +25,8 @@ from ..errors import UserError
 from .precision import torch_level
 
 # Each part's Python code holds the interpreter lock while it calls its ops, so parts queue for it
-# as they grow in number; the split was measured on 2 cores alone, so auto splits only up to this
-# many threads.
+# as they grow in number, so auto splits only up to this many threads (docs/performance.md says
+# which counts were measured).
 AUTO_MAX_THREADS = 4
 
 
