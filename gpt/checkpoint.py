@@ -94,15 +94,21 @@ def tensor_bytes(obj) -> int:
 
 
 def save_copy(path: Path, other: Path) -> None:
-    """Make other a copy of the checkpoint in path, as safely as save writes one. A copy, not a
-    hard link: a tool that writes into ckpt.pt in place (cp over it) would change both."""
+    """Make other hold the checkpoint in path, as safely as save writes one: a hard link where the
+    file system allows, the two then taking the room of one, else a copy. save puts a new ckpt.pt
+    in place of the old, never writing into it, so the link keeps its state (cp over ckpt.pt would not)."""
     tmp = other.with_name(other.name + ".tmp")
     try:
-        with (open(path, "rb") as src, open(tmp, "wb") as dst,
-              progress(path.stat().st_size, f"copying it to {other.name}", "B", leave=False, unit_scale=True) as bar):
-            shutil.copyfileobj(src, _Counted(dst, bar.update), 1 << 24)
-            dst.flush()
-            os.fsync(dst.fileno())
+        tmp.unlink(missing_ok=True)     # one a kill left may be a link to path: a copy into it would empty path
+        try:
+            os.link(path, tmp)
+        except OSError:     # no hard links here (FAT, some network file systems)
+            with (open(path, "rb") as src, open(tmp, "wb") as dst,
+                  progress(path.stat().st_size, f"copying it to {other.name}", "B", leave=False,
+                           unit_scale=True) as bar):
+                shutil.copyfileobj(src, _Counted(dst, bar.update), 1 << 24)
+                dst.flush()
+                os.fsync(dst.fileno())
         os.replace(tmp, other)
     except OSError as e:
         raise _not_saved(other, tmp, e) from None

@@ -1,9 +1,10 @@
 """Rough edges met in a new user's second hour: an exported model's generate, a stopped sweep's
-status and logs, and the messages for a sweep given as one run, a file given as a sweep's folder,
-and a config file's key given twice."""
+status and logs, the messages for a sweep given as one run, a file given as a sweep's folder and a
+config file's key given twice, and a best checkpoint that shares the last one's file."""
 
 import dataclasses
 import json
+import os
 import signal
 
 import pytest
@@ -165,3 +166,33 @@ def test_a_top_level_value_no_run_would_use_is_refused(tmp_path):
     # one of the swept values, as configs/sweeps/heads.toml gives, so that the file is valid alone
     path.write_text("n_head = 4\n[sweep]\nn_head = [2, 4]\n")
     assert read_config_file(str(path)) == ({"n_head": 4}, {"n_head": [2, 4]})
+
+
+# ---------------------------------------------------------------- the best checkpoint
+
+@pytest.mark.e2e
+def test_the_best_checkpoint_is_the_last_ones_file_until_a_worse_save_replaces_that(data_dir, tmp_path,
+                                                                                   monkeypatch):
+    from gpt.train import loop
+    out = tmp_path / "run"
+    last, best = out / "ckpt.pt", out / "ckpt_best.pt"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    assert checkpoint.load(best)["iter"] == 4 == checkpoint.load(last)["best_iter"]    # the loss fell each time
+    assert os.stat(best).st_ino == os.stat(last).st_ino
+    # made good again, past a temporary file a kill left as a link to ckpt.pt
+    best.unlink()
+    os.link(last, out / "ckpt_best.pt.tmp")
+    assert checkpoint.make_best_good(out, checkpoint.load(last, mmap=True, needs=("iter",))) == 4
+    assert os.stat(best).st_ino == os.stat(last).st_ino and not (out / "ckpt_best.pt.tmp").exists()
+    assert checkpoint.load(last)["iter"] == 4
+    kept = best.read_bytes()
+    real = loop.mean_losses
+
+    def worse(*args, **kwargs):
+        losses = real(*args, **kwargs)
+        return losses and {**losses, "val_loss": losses["val_loss"] + 100}
+    monkeypatch.setattr(loop, "mean_losses", worse)
+    assert train.main([f"--out_dir={out}", "--resume", "--max_iters=6"]) == 0
+    assert checkpoint.load(last)["iter"] == 6 and checkpoint.load(last)["best_iter"] == 4
+    assert os.stat(best).st_ino != os.stat(last).st_ino and best.read_bytes() == kept
+    assert checkpoint.load(best)["iter"] == 4

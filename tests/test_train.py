@@ -393,6 +393,7 @@ def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scor
     assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
     assert train.main(tiny_args(data_dir, bad, "--max_iters=2", "--eval_interval=2", "--learning_rate=30",
                                 "--warmup_iters=0")) == 0
+    (out / "ckpt_best.pt").unlink()     # the same file as ckpt.pt: a copy into it would change both
     shutil.copy(bad / "ckpt.pt", out / "ckpt_best.pt")      # worse than iteration 4 on any text
     resumed = torch.load(out / "ckpt.pt", weights_only=False)
     resumed["best_iter"] = 2
@@ -409,6 +410,7 @@ def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_fini
     resumed = torch.load(out / "ckpt.pt", weights_only=False)
     resumed["best_iter"] = 2
     resumed["model"]["transformer.ln_f.weight"].fill_(float("inf"))    # as a stop saves it unevaluated
+    (out / "ckpt.pt").unlink()          # the same file as ckpt_best.pt: writing into it would change both
     torch.save(resumed, out / "ckpt.pt")
     shutil.copy(out / "ckpt.pt", out / "bad.pt")
     best = torch.load(out / "ckpt.pt", weights_only=False)

@@ -273,7 +273,7 @@ class Loop:
 
     def save(self, it: int, best: bool = False) -> None:
         """ckpt.pt at iteration it, first, so that a run whose disk fills can still be resumed;
-        with best, ckpt_best.pt becomes a copy of it. A second Ctrl-C waits for both."""
+        with best, ckpt_best.pt becomes the same file (checkpoint.save_copy). A second Ctrl-C waits for both."""
         run, at, out_dir = self.run, self.run.at, self.run.out_dir
         with self.stop.hold():
             try:
