@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .config import (REPLACED, REPO_ROOT, SPELLED, GPTConfig, SweepConfig, TrainConfig, build, field_type,
                      user_path)
-from .errors import UserError
+from .errors import UserError, say_error
 
 CONFIG_DIR = REPO_ROOT / "configs"
 
@@ -389,7 +389,7 @@ def run_command(prog: str, config_type, argv: list[str] | None, act, show) -> in
         cfg = build(config_type, parse_argv(argv, (config_type,)).values)
         result = act(cfg)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     print(show(cfg, result))
     return 0

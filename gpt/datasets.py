@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shlex
-import sys
 import urllib.request
 import zipfile
 import zlib
@@ -27,7 +26,7 @@ import numpy as np
 
 from .config import user_path
 from .console import Parser
-from .errors import UserError, first_line
+from .errors import UserError, first_line, say_error
 from .progress import progress
 from .tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 
@@ -477,7 +476,7 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
             fetch_text(source, url)
         meta = prepare_file(source, out_dir, tokenizer, keep_other=_prepared(out_dir) and not args.overwrite)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "
           f"{meta['val_tokens']:,} val tokens")

@@ -731,6 +731,22 @@ def test_only_a_damaged_checkpoint_is_reported_as_damage(data_dir, tmp_path, mon
     assert "error:" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("switch", ["", "0", "1"])
+def test_gpt_traceback_shows_what_is_behind_a_one_line_error(switch, tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("n_layer = = 2\n")
+    monkeypatch.setenv("GPT_TRACEBACK", switch)
+    for argv, behind in ((["--config", str(bad)], "TOMLDecodeError"), (["--n_layer=0"], "UserError")):
+        assert train.main(argv) == 2
+        err = capsys.readouterr().err
+        line = err.splitlines()[-1]
+        assert line.startswith("error: ") and ("bad.toml" in line or "n_layer=0" in line), err
+        if switch == "1":   # the exception a `from None` hid is shown too
+            assert err.startswith("Traceback") and f"{behind}:" in err, err
+        else:
+            assert err == line + "\n"
+
+
 @pytest.mark.e2e
 def test_the_scripts_exit_2_without_a_traceback():
     proc = subprocess.run([sys.executable, "train.py", "--n_layer=0"], cwd=ROOT, capture_output=True,
