@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gpt.cli import help_text, parse_argv   # torch loads in sample()
 from gpt.config import SampleConfig, build
-from gpt.errors import UserError
+from gpt.errors import UserError, say_error
 from gpt.console import output_may_close, silence
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 0
                 raise UserError(f"cannot write the samples to standard output ({e.strerror})") from None
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -15,7 +15,7 @@ from gpt.train import loop, outcome, resume, signals, source  # noqa: E402
 from gpt.cli import help_text, parse_argv  # noqa: E402
 from gpt.config import SweepConfig, TrainConfig, build  # noqa: E402
 from gpt.config_files import SECTIONS  # noqa: E402
-from gpt.errors import UserError  # noqa: E402
+from gpt.errors import UserError, say_error  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,10 +50,10 @@ def run(argv: list[str]) -> int:
             model_cfg = source.shaped(model_cfg, args.values, on_command_line, source.resolve(train_cfg.init_from))
         summary = loop.train(model_cfg, train_cfg, argv)
     except loop.Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return outcome.DIVERGED_EXIT
     except UserError as e:
-        print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
+        say_error(e, args.blame(str(e)) if args else None)
         return 2
     except KeyboardInterrupt:   # Ctrl-C at start-up, or a second one: no checkpoint is cut short
         out_dir = Path(args.values.get("out_dir", TrainConfig.out_dir)) if args else None

@@ -13,7 +13,6 @@ paired ratios. Any other --name=value is a training option, given to both arms.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # this project's package, also from a clone that is not installed
 from gpt.console import Parser  # noqa: E402
+from gpt.train.metrics import read_jsonl  # noqa: E402
 
 SKIP = 20   # steps left out of each median: start-up effects
 SET_HERE = ("out_dir", "overwrite", "resume", "log_interval", "wandb")
@@ -65,7 +65,7 @@ def one_run(arm: str, argv: list[str], out_dir: Path) -> dict:
         lines = proc.stderr.strip().splitlines() or [f"training exited with status {proc.returncode}"]
         print(f"{arm}: {lines[-1]}", file=sys.stderr)
         raise SystemExit(2)
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out_dir / "metrics.jsonl")
     steps = [r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP]
     if not steps:
         print(f"error: the run made no step past the first {SKIP}: give more --max_iters", file=sys.stderr)

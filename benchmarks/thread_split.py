@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # this project's package and train.py, also from a clone not installed
 import train  # noqa: E402
 from gpt.console import Parser  # noqa: E402
+from gpt.train.metrics import read_jsonl  # noqa: E402
 
 SKIP = 20   # steps left out of each median: start-up effects
 # what each run is given here: the arm, the steps timed, and a scratch folder with its logging
@@ -45,7 +45,7 @@ def median_step_ms(argv: list[str], out_dir: Path) -> float:
         lines = said.getvalue().strip().splitlines() or [f"stopped: training exited with status {status}"]
         print(lines[-1].replace("; pass --thread_split=auto or ops", ": nothing to compare"), file=sys.stderr)
         raise SystemExit(status)
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out_dir / "metrics.jsonl")
     return statistics.median(r["ms"] for r in rows if r["kind"] == "train" and r["iter"] >= SKIP)
 
 

@@ -38,7 +38,7 @@ from .speed.precision import matmul_precision
 from .speed.split import split_plan
 from .data import load_meta
 from .diagnostics import measure
-from .errors import UserError
+from .errors import UserError, say_error
 from .model import GPT
 from .train.loop import train
 from .train.metrics import read_jsonl
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
               "sampling", file=sys.stderr, flush=True)
         result = measure_speed(model_cfg, train_cfg, bench)
     except UserError as e:
-        print(f"error: {args.blame(str(e)) if args else e}", file=sys.stderr)
+        say_error(e, args.blame(str(e)) if args else None)
         return 2
     except KeyboardInterrupt:
         print("interrupted; nothing was measured", file=sys.stderr)

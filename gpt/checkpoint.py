@@ -251,19 +251,6 @@ def _problem(ckpt: dict, needs) -> str | None:
 
 
 @contextlib.contextmanager
-def damaged_part(path: Path, part: str):
-    """Errors from restoring `part` of the checkpoint at path, which _problem checks only on the
-    surface (a key missing inside, a tensor of the wrong size), as one line naming the file."""
-    try:
-        yield
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as e:
-        if isinstance(e, UserError):
-            raise
-        raise UserError(f"{path} cannot be resumed: damage in its {part} ({type(e).__name__}: "
-                        f"{first_line(e)})") from None
-
-
-@contextlib.contextmanager
 def hold_folder(folder: Path):
     """Keep folder to this process while inside: a second process (the same command in another
     terminal, a sweep run again while its old runs still train) would interleave its log and

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .config import REPLACED, GPTConfig, SweepConfig, TrainConfig, build, field_type
 from .config_files import (SECTIONS, available_configs, convert, fields_of, read_config_file, replacement, shown,
                            unknown_name_message)
-from .errors import UserError
+from .errors import UserError, say_error
 
 # a sweep sets these itself, and takes its own options (seeds, jobs, launcher, slurm_*) once
 RESERVED_AXES = ("seed", "out_dir", "resume", "overwrite", *SweepConfig.__dataclass_fields__)
@@ -215,7 +215,7 @@ def run_command(prog: str, config_type, argv: list[str] | None, act, show) -> in
         cfg = build(config_type, parse_argv(argv, (config_type,)).values)
         result = act(cfg)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     print(show(cfg, result))
     return 0

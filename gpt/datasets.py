@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import numpy as np
 from .config import user_path
 from .console import Parser
 from .downloads import download, write_whole
-from .errors import UserError, first_line
+from .errors import UserError, first_line, say_error
 from .progress import progress
 from .text_dataset import dataset_files, prepare_file
 from .tokenizers import ByteTokenizer, CharTokenizer
@@ -214,7 +213,7 @@ def prepare_main(dataset: str, argv: list[str] | None = None) -> int:
             fetch_text(source, url)
         meta = prepare_file(source, out_dir, tokenizer, keep_other=_prepared(out_dir) and not args.overwrite)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     print(f"{out_dir}: vocabulary {meta['vocab_size']}, {meta['train_tokens']:,} train and "
           f"{meta['val_tokens']:,} val tokens")

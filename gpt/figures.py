@@ -24,7 +24,7 @@ import torch
 from . import checkpoint
 from .config import user_path
 from .console import Parser, interrupt_in_one_line, output_may_close
-from .errors import UserError
+from .errors import UserError, say_error
 from .sweep.plots import bpc_axis
 from .tokenizers import encode_prompt, read_prompt
 from .train.metrics import read_metrics
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path = run_figure(folder, out)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     print(path)
     return 0

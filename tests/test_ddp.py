@@ -108,6 +108,58 @@ def test_the_ranks_skip_the_same_nonfinite_step_and_stop_together_at_the_next_re
     assert checkpoint.load(out / "ckpt.pt")["iter"] == 9
 
 
+# each rank writes at exit how often it measured diagnostics, and the all-reduces of its evaluations
+COUNTED = """
+import atexit, json, os, sys
+sys.path.insert(0, {root!r})
+import torch.distributed
+from gpt.train import loop
+measure, evaluate, all_reduce = loop.measure_diagnostics, loop.Loop.evaluate, torch.distributed.all_reduce
+counts = {{"measured": 0, "evaluations": 0, "all_reduces": 0, "evaluating": False}}
+
+def counted_measure(*args, **kwargs):
+    counts["measured"] += 1
+    return measure(*args, **kwargs)
+
+def counted_all_reduce(*args, **kwargs):
+    counts["all_reduces"] += counts["evaluating"]
+    return all_reduce(*args, **kwargs)
+
+def counted_evaluate(self, it, lr):
+    counts["evaluations"] += 1
+    counts["evaluating"] = True
+    try:
+        return evaluate(self, it, lr)
+    finally:
+        counts["evaluating"] = False
+loop.measure_diagnostics, loop.Loop.evaluate, torch.distributed.all_reduce = (counted_measure, counted_evaluate,
+                                                                              counted_all_reduce)
+atexit.register(lambda: open({counts!r} + os.environ["RANK"], "w").write(json.dumps(counts)))
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun is not installed")
+def test_rank_0_alone_measures_diagnostics_and_an_evaluation_all_reduces_its_two_losses_only(data_dir, tmp_path):
+    script = tmp_path / "counted.py"
+    script.write_text(COUNTED.format(root=str(ROOT), counts=str(tmp_path / "counts")))
+    out = tmp_path / "run"
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", str(script),
+                           *tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2",
+                                      "--gradient_accumulation_steps=2")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    ranks = [line for line in proc.stderr.splitlines() if not re.match(r"[WEI]\d{4} ", line)]
+    assert proc.returncode == 0, "\n".join(ranks)[-3000:]
+    counts = [json.loads((tmp_path / f"counts{rank}").read_text()) for rank in (0, 1)]
+    assert [c["evaluations"] for c in counts] == [3, 3]     # iterations 0, 2 and 4
+    assert [c["measured"] for c in counts] == [3, 0]
+    assert [c["all_reduces"] for c in counts] == [6, 6]     # the train and val losses of each
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("block_grad_norm" in r for r in evals if r["kind"] == "eval"), evals
+
+
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("torchrun") is None or not hasattr(os, "mkfifo"),
                     reason="torchrun or named pipes are missing")

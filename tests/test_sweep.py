@@ -410,6 +410,16 @@ def test_sweep_help_is_help(argv, capsys):
     assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR\n")
 
 
+def test_a_sweeps_reader_of_a_runs_metrics_names_each_line_it_skips(tmp_path, capsys):
+    run = tmp_path / "n_layer=2__seed=1"
+    run.mkdir()
+    path = run / "metrics.jsonl"
+    path.write_text('{"kind": "eval", "iter": 2, "train_loss": 2.0, "val_loss": 2.1}\n{"kind": "ev\n'
+                    '{"kind": "eval", "iter": 4, "train_loss": 1.9, "val_loss": 2.0}\n')
+    assert grid.final_eval(run)["iter"] == 4
+    assert capsys.readouterr().err == f"{path}:2: not valid JSON; the line is skipped\n"
+
+
 @pytest.mark.e2e
 def test_each_run_is_judged_finished_by_its_own_max_iters(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"

@@ -590,8 +590,14 @@ def test_a_failing_torch_compile_is_said_in_one_line(data_dir, tmp_path, monkeyp
         return Compiled()
     monkeypatch.setattr(torch, "compile", compiled)
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--max_iters=2", "--compile=true")) == 2
-    assert capsys.readouterr().err == ("error: torch.compile failed (InvalidCxxCompiler: No working C++ "
-                                       "compiler found); run without --compile, or fix what it names\n")
+    line = ("error: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found); run without "
+            "--compile, or fix what it names\n")
+    assert capsys.readouterr().err == line
+    # GPT_TRACEBACK=1: the traceback of the compiler's own error, then the same line
+    monkeypatch.setenv("GPT_TRACEBACK", "1")
+    assert train.main(tiny_args(data_dir, tmp_path / "again", "--max_iters=2", "--compile=true")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and "InductorError: InvalidCxxCompiler" in err and err.endswith("\n" + line)
     with pytest.raises(InductorError):      # not compiling: not torch.compile's, and not hidden
         with runtime.compile_failure_in_one_line(False):
             raise InductorError("x")

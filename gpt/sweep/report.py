@@ -13,7 +13,7 @@ from .. import checkpoint
 from ..config_files import shown
 from ..config import TrainConfig, read_by, user_path
 from ..data import bpc
-from ..errors import UserError
+from ..errors import UserError, say_error
 from .grid import DONE, NOT_COMPARED, SPEED, by_setting, counted
 from .plots import plot, plot_diagnostics
 from .results import LEFT_OUT, collect
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report(Path(user_path(argv[1], "DIR")))
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2
     return 0
 

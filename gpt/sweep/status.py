@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 
 from .. import checkpoint
 from ..config import user_path
-from ..errors import UserError
+from ..errors import UserError, say_error
 from . import submitted
 from .grid import DONE, expand, read_json
 from .results import collect
@@ -97,5 +96,5 @@ def main(command: str, folder: str) -> int:
         out_dir = Path(user_path(folder, "DIR"))
         return status(out_dir) if command == "status" else cancel(out_dir)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say_error(e)
         return 2

@@ -231,14 +231,14 @@ class Loop:
         row = {"kind": "eval", "iter": it, **losses, **bpc_columns(losses, run.meta), "lr": lr,
                "tokens_per_sec": self.tokens_since / since_tick if self.tokens_since else 0.0,
                "elapsed_s": self.elapsed(), "unigram_loss": run.unigram}
-        if cfg.diagnostics:
+        # rank 0 alone logs them, and on the unwrapped model they wait for no other rank
+        if cfg.diagnostics and run.master:
             x, y = run.batches.evenly_spaced("val", 1, run.eval_batch)
             with self.all_threads():
                 row.update(measure_diagnostics(run.raw_model, x[0], y[0], run.optimizer))
         at.last_eval = it
-        bad = not (math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"]))
-        finite = not any_rank(bad, run.device, run.world)   # all ranks must take the same branch, or the
-                                                            # next all-reduce hangs
+        # the losses are all-reduced, so every rank takes the same branch here, as the next all-reduce needs
+        finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
         if run.master:
             run.metrics.log(row)
             speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet

@@ -63,9 +63,12 @@ def read_metrics(path: Path) -> Log:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows alone, for the training's own reads on resuming, where a line cut short by a kill
-    is expected and trimmed away."""
-    return read_metrics(path).rows
+    """The rows alone, each line left out said on stderr as PATH:LINE: why (a resume's trim drops
+    it from the file: a line cut short by a kill is expected, one edited by hand is not)."""
+    log = read_metrics(path)
+    for problem in log.problems():
+        print(problem, file=sys.stderr)
+    return log.rows
 
 
 def flatten(row: dict) -> dict:

@@ -193,8 +193,10 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
                         f"optimizer={trained_by}; leave --optimizer out to continue the run, or train "
                         f"with {cfg.optimizer} in another --out_dir")
     checkpoint.load_weights(model, ckpt)
-    with checkpoint.damaged_part(out_dir / "ckpt.pt", "optimizer state"):
-        optimizer.load_state_dict(ckpt["optimizer"])
+    damage = state_damage(ckpt, optimizer.state_dict(), batches.state())
+    if damage:
+        raise UserError(f"{out_dir / 'ckpt.pt'} cannot be resumed: damage in its {damage[0]} ({damage[1]})")
+    optimizer.load_state_dict(ckpt["optimizer"])
     at = Position(start_iter=ckpt["iter"], best_val=ckpt["best_val_loss"], last_eval=ckpt["last_eval_iter"],
                   last_saved=ckpt["iter"], best_iter=ckpt.get("best_iter"))
     at.elapsed_before = ckpt.get("elapsed_s")
@@ -203,9 +205,8 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
         logged = [r["elapsed_s"] for r in read_jsonl(metrics_path) if r["kind"] == "eval"
                   and r["iter"] <= at.start_iter and "elapsed_s" in r] if metrics_path.exists() else []
         at.elapsed_before = logged[-1] if logged else 0.0
-    with checkpoint.damaged_part(out_dir / "ckpt.pt", "random states"):
-        set_rng_state(ckpt["rng"], device)
-        batches.set_state(ckpt["batch_rng"])
+    set_rng_state(ckpt["rng"], device)
+    batches.set_state(ckpt["batch_rng"])
     at.mended = checkpoint.make_best_good(out_dir, ckpt) if master else None
     if at.mended is not None:
         print(f"ckpt_best.pt did not hold the best iteration, {at.mended}: copied it from ckpt.pt",
@@ -215,6 +216,60 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
         torch.distributed.broadcast(flag, 0)
         at.mended = at.start_iter if flag.item() > 0 else None
     return at
+
+
+class Entries(dict):
+    """A table of which a saved copy may hold only some entries: an optimizer's state, where a
+    parameter that never had a gradient has none."""
+
+
+def state_damage(ckpt: dict, optimizer: dict, batch_rng: torch.Tensor) -> tuple[str, str] | None:
+    """(part, what) where the optimizer or random states in ckpt lack a part that this run's own
+    (optimizer, its state_dict(); batch_rng, its batches' generator state) holds, or hold one of
+    another kind; else None. Checked before they are applied: what fails later is this code's fault."""
+    def layout(state: dict) -> dict:    # what a load reads: each group's parameters, each entry
+        parts = {"state": Entries(state["state"]),
+                 "param_groups": [{"params": g["params"]} for g in state["param_groups"]]}
+        return parts | ({"muon": layout(state["muon"])} if "muon" in state else {})
+    own_rng = rng_state("cpu")
+    own_rng.pop("python_gauss")     # None or a number, whichever this process holds now
+    own_rng.pop("numpy_gauss")      # older checkpoints lack it
+    for part, saved, own in (("optimizer state", ckpt["optimizer"], layout(optimizer)),
+                             ("random states", {**ckpt["rng"], "batch_rng": ckpt["batch_rng"]},
+                              {**own_rng, "batch_rng": batch_rng})):
+        what = _unlike(saved, own)
+        if what:
+            return part, what
+    return None
+
+
+def _unlike(saved, own, name: str = "") -> str | None:
+    """How saved differs in kind from own, at name (a path of keys; "" at the top): a key missing,
+    another type, a tensor of another shape, a list of another length. Where own is None (CUDA's
+    state on a CPU), anything goes."""
+    if own is None:
+        return None
+    if isinstance(own, torch.Tensor):
+        if own.dim() == 0 and (type(saved) in (int, float) or isinstance(saved, torch.Tensor) and saved.dim() == 0):
+            return None     # a count, as a number in older checkpoints
+        if not isinstance(saved, torch.Tensor) or saved.is_floating_point() != own.is_floating_point():
+            return f"{name} is not a tensor of {'floats' if own.is_floating_point() else 'integers'}"
+        return None if saved.shape == own.shape else f"{name} has shape {tuple(saved.shape)}, not {tuple(own.shape)}"
+    if isinstance(own, dict):
+        if not isinstance(saved, dict):
+            return f"{name} is not a table"
+        inner = {k: f"{name}[{k!r}]" if name else str(k) for k in own}
+        missing = [k for k in own if k not in saved and not isinstance(own, Entries)]
+        if missing:
+            return f"{inner[missing[0]]} is missing"
+        return next(filter(None, (_unlike(saved[k], own[k], inner[k]) for k in own if k in saved)), None)
+    if isinstance(own, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(own):
+            return f"{name} is not a list of {len(own)}"
+        return next(filter(None, (_unlike(s, o, f"{name}[{i}]") for i, (s, o) in enumerate(zip(saved, own)))), None)
+    if type(own) is int and type(saved) is not int or type(own) is float and type(saved) not in (int, float):
+        return f"{name}={saved!r} is not a number"
+    return None
 
 
 def windows_scored(train_config: dict) -> int:
