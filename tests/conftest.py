@@ -153,3 +153,16 @@ def http_server():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def gpt2_bpe_or_skip():
+    """Skip unless GPT-2's BPE files are at hand: in tiktoken's cache, or by their own names in
+    TIKTOKEN_CACHE_DIR, as the README tells an offline user to put them."""
+    from gpt.errors import UserError
+    from gpt.tokenizers import TiktokenTokenizer
+    try:
+        return TiktokenTokenizer("gpt2")
+    except UserError:
+        pytest.skip("GPT-2 BPE files are not at hand: set TIKTOKEN_CACHE_DIR to a folder holding "
+                    "vocab.bpe and encoder.json")
+

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import make_text
+from conftest import gpt2_bpe_or_skip, make_text
 from gpt.errors import UserError
 from gpt.datasets import ensure_prepared
 from gpt.text_dataset import prepare
@@ -72,11 +72,7 @@ def test_a_text_prepared_in_small_pieces_gives_the_files_of_the_whole(tokenizer,
     and a newline, as its pre-tokenizer would split anyway)."""
     from gpt import text_dataset
     if tokenizer == "tiktoken":
-        tiktoken = pytest.importorskip("tiktoken")
-        try:
-            enc = tiktoken.get_encoding("gpt2")
-        except Exception:
-            pytest.skip("GPT-2 BPE files are not available offline")
+        enc = gpt2_bpe_or_skip().enc
         encode = lambda text: enc.encode(text, allowed_special={"<|endoftext|>"})  # noqa: E731
     else:
         encode = lambda text: [sorted(set(text)).index(c) for c in text]          # noqa: E731
@@ -170,11 +166,7 @@ def test_prepare_script_names_bad_paths_in_one_line(case, message, tmp_path, cap
 
 
 def test_bpe_prepare_round_trip(tmp_path, monkeypatch):
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception:
-        pytest.skip("GPT-2 BPE files are not available offline")
+    gpt2_bpe_or_skip()
     text = make_text(300)
     prepare(text, tmp_path, tokenizer="tiktoken")
     tok = tokenizer_from_meta(json.loads((tmp_path / "meta.json").read_text()))
@@ -241,11 +233,7 @@ def test_a_failed_write_leaves_the_old_dataset_whole_and_no_temporary_file(data_
 def test_a_file_that_changes_while_it_is_prepared_is_refused(tokenizer, new_text, tmp_path, monkeypatch):
     from gpt import text_dataset
     if tokenizer == "tiktoken":
-        tiktoken = pytest.importorskip("tiktoken")
-        try:
-            tiktoken.get_encoding("gpt2")
-        except Exception:
-            pytest.skip("GPT-2 BPE files are not available offline")
+        gpt2_bpe_or_skip()
     src = tmp_path / "a.txt"
     src.write_text("abc\n" * 100)
     os.utime(src, ns=(0, 0))

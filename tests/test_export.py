@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, gpt2_bpe_or_skip
 from gpt import checkpoint
 from gpt.config import GPTConfig, TrainConfig
 from gpt.export import main
 from gpt.hf_tokenizers import recover_merges
 from gpt.model import GPT
-from gpt.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
+from gpt.tokenizers import ByteTokenizer, CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 
@@ -211,11 +211,7 @@ def test_a_byte_models_tokenizer_maps_the_utf8_bytes(tmp_path, capsys):
 
 @pytest.mark.e2e
 def test_a_gpt2_bpe_models_tokenizer_is_gpt2s_own(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(ROOT / ".tiktoken-cache"))
-    try:
-        ours = TiktokenTokenizer("gpt2")
-    except Exception as e:      # neither the cache nor the network has the files
-        pytest.skip(f"tiktoken's gpt2 files are not at hand: {e}")
+    ours = gpt2_bpe_or_skip()
     model = wide_model(vocab_size=50304, n_embd=8)      # padded, as the default config trains it
     run = save_run(tmp_path / "run", model, ours.meta())
     export_ok(capsys, run, tmp_path / "hf")

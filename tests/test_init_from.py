@@ -8,7 +8,7 @@ import torch
 
 import sample
 import train
-from conftest import make_text
+from conftest import gpt2_bpe_or_skip, make_text
 from gpt import checkpoint
 from gpt.text_dataset import prepare
 from gpt.model import GPT
@@ -47,11 +47,7 @@ def gpt2_folder(path, n_positions=32, vocab_size=50257, **changes):
 
 @pytest.fixture
 def bpe_data(tmp_path):
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception:
-        pytest.skip("GPT-2 BPE files are not available offline")
+    gpt2_bpe_or_skip()
     prepare(make_text(3000), tmp_path / "data" / "tinybpe", tokenizer="tiktoken")
     return tmp_path / "data"
 

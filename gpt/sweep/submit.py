@@ -131,7 +131,7 @@ def _say_how_to_follow(out_dir: Path) -> None:
 def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, int]], out_dir: Path) -> int:
     """submitit's local jobs, --jobs at a time; Ctrl-C or SIGTERM stops them, and each run saves."""
     submitted.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
-    running, threads, submitted = {}, run_threads(jobs), [r for r, _ in todo]
+    running, threads, runs = {}, run_threads(jobs), [r for r, _ in todo]
     previous = catch_signals(raise_on_signal)
     try:
         while todo or running:
@@ -155,9 +155,9 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
         record = submitted.read(out_dir)
         submitted.write(out_dir, {**record, "submitter": None})
     report(out_dir)
-    failed = [r for r in submitted if _status(r.folder) not in DONE]
+    failed = [r for r in runs if _status(r.folder) not in DONE]
     if failed:
-        print(f"{len(failed)} of {len(submitted)} runs did not finish (see log.txt in their folders, e.g. "
+        print(f"{len(failed)} of {len(runs)} runs did not finish (see log.txt in their folders, e.g. "
               f"{failed[0].folder / 'log.txt'}); run the same command again to retry them", file=sys.stderr)
     return 1 if failed else 0
 
