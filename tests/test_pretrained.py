@@ -62,6 +62,19 @@ def test_from_pretrained_refuses_what_it_cannot_load_faithfully(change, message,
         GPT.from_pretrained(str(tmp_path))
 
 
+def test_a_key_error_in_our_own_code_is_not_blamed_on_the_config_file(tmp_path, monkeypatch):
+    from gpt import pretrained
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 2, "n_embd": 8}))
+    torch.save({}, tmp_path / "pytorch_model.bin")
+
+    def buggy(**kwargs):
+        raise KeyError("a bug of ours")
+    monkeypatch.setattr(pretrained, "GPTConfig", buggy)
+    with pytest.raises(KeyError, match="a bug of ours"):
+        GPT.from_pretrained(str(tmp_path))
+
+
 @pytest.mark.parametrize("weights, message", [
     ("model.safetensors", r"cannot read .*model.safetensors \(SafetensorError\); it is damaged"),
     ("pytorch_model.bin", r"cannot read .*pytorch_model.bin \(\w+\); it is damaged"),
