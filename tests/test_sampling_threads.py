@@ -35,6 +35,11 @@ def test_auto_runs_nearly_every_step_at_the_faster_count_and_puts_torch_back():
         assert torch.get_num_threads() == 2
 
 
+def test_every_item_comes_through_wherever_the_stream_ends():
+    for n in range(0, 160):     # inside the first run, and inside each block of the first probe
+        assert list(fastest_threads(iter(range(n)), (1, 2))) == list(range(n))
+
+
 def test_auto_moves_when_the_other_count_becomes_faster():
     log = []    # one thread is fast for 400 steps, then slow: a core was freed, say
     list(fastest_threads(stream(4000, lambda i, n: (n == 1) == (i >= 400), log), (1, 2)))

@@ -9,6 +9,7 @@ a few steps at each count now and then, and runs the rest at the faster one.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -16,55 +17,72 @@ from collections.abc import Iterator
 
 import torch
 
-PROBE_STEPS = 3         # timed steps of a probe; their median is robust to one slow step
+SETTLE = 2              # steps after a change of count left untimed: threads wake, caches refill
+TIMED = 4               # timed steps of a block; their median is robust to a slow one
 FIRST_RUN = 64          # steps at the leading count before the first probe of the others
 LONGEST_RUN = 2048      # a count that keeps winning is probed less and less often, down to this
-GIVE_UP = 3.0           # a probe step this many times slower than the leader's ends the probe
+GIVE_UP = 3.0           # two probe steps this many times slower than the leader's end the probe
+FAR_SLOWER = 10.0       # one probe step this many times slower ends it: no hitch is that long
+MARGIN = 0.9            # a count leads only if this much faster: steps vary, and a move costs
+
+
+class Ended(Exception):
+    """The stream has no more items."""
 
 
 def fastest_threads(stream: Iterator, counts: tuple[int, ...]) -> Iterator:
     """Yield stream's items, each next() run at the thread count that is fastest now.
 
-    It runs at counts[0], timing each step. After a run of steps it times a few at each other
-    count and moves to one whose median is lower. Otherwise the next run is twice as long, or
-    four times when the other count lost by far, up to LONGEST_RUN: a count that loses by far
-    costs a step now and then. A probe ends at a step GIVE_UP times slower than the leader's,
-    but for a count's first step, which may start its threads. torch's count is put back."""
+    It runs at counts[0]. After a run of steps it times a block of steps at the leading count,
+    one at another count, and one at the leading count again: a step's work grows until the
+    window slides, so the other count is held to the mean of the blocks around it. It moves if
+    the other is faster by MARGIN. Otherwise the next run is twice as long, or 16 times when
+    the other count lost by far, up to LONGEST_RUN: a count that loses by far costs a few steps
+    now and then. torch's count is put back at the end."""
     before = torch.get_num_threads()
-    leader, run, probed = counts[0], FIRST_RUN, set()
+    leader, run = counts[0], FIRST_RUN
     step = iter(stream)
 
     def timed(n: int):
-        torch.set_num_threads(n)
+        if torch.get_num_threads() != n:    # setting it costs a step a tenth of its time, even unchanged
+            torch.set_num_threads(n)
         start = time.perf_counter()
-        item = next(step)
+        try:
+            item = next(step)
+        except StopIteration:
+            raise Ended from None       # a generator may not let StopIteration out (PEP 479)
         return item, time.perf_counter() - start
 
-    try:
-        item, _ = timed(leader)         # the prompt's step, which may be long, is not timed against others
-        yield item
-        while True:
-            times = []
-            for _ in range(run):
-                item, seconds = timed(leader)
+    def block(n: int, base: float):
+        """Steps at n; the median of the timed ones, or None once one takes FAR_SLOWER times base,
+        or two take GIVE_UP times it (one may be a moment's hitch)."""
+        times, slow = [], 0
+        for i in range(SETTLE + TIMED):
+            item, seconds = timed(n)
+            yield item
+            slow += seconds > GIVE_UP * base
+            if slow == 2 or seconds > FAR_SLOWER * base:
+                return None
+            if i >= SETTLE:
                 times.append(seconds)
-                yield item
-            best, growth = statistics.median(times[-16:]), 4
+        return statistics.median(times)
+
+    try:
+        while True:
+            for _ in range(run):
+                yield timed(leader)[0]
+            growth = 16
             for n in (n for n in counts if n != leader):
-                probe = []
-                while len(probe) < PROBE_STEPS:
-                    item, seconds = timed(n)
-                    probe.append(seconds)
-                    yield item
-                    if (n in probed or len(probe) > 1) and seconds > GIVE_UP * best:
-                        break
-                probed.add(n)
-                if len(probe) == PROBE_STEPS:
-                    growth = 2
-                    if statistics.median(probe) < best:
-                        leader, best, run = n, statistics.median(probe), FIRST_RUN // growth
+                ahead = yield from block(leader, math.inf)
+                other = yield from block(n, ahead)
+                if other is None:
+                    continue
+                behind = yield from block(leader, math.inf)
+                growth = 2
+                if other < MARGIN * (ahead + behind) / 2:
+                    leader, run = n, FIRST_RUN // growth
             run = min(growth * run, LONGEST_RUN)
-    except StopIteration:
+    except Ended:
         return
     finally:
         torch.set_num_threads(before)
