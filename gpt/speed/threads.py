@@ -71,8 +71,8 @@ def fastest_threads(stream: Iterator, counts: tuple[int, ...]) -> Iterator:
         while True:
             for _ in range(run):
                 yield timed(leader)[0]
-            growth = 16
-            for n in (n for n in counts if n != leader):
+            growth, moved = 16, False
+            for n in [n for n in counts if n != leader]:
                 ahead = yield from block(leader, math.inf)
                 other = yield from block(n, ahead)
                 if other is None:
@@ -80,8 +80,8 @@ def fastest_threads(stream: Iterator, counts: tuple[int, ...]) -> Iterator:
                 behind = yield from block(leader, math.inf)
                 growth = 2
                 if other < MARGIN * (ahead + behind) / 2:
-                    leader, run = n, FIRST_RUN // growth
-            run = min(growth * run, LONGEST_RUN)
+                    leader, moved = n, True
+            run = FIRST_RUN if moved else min(growth * run, LONGEST_RUN)
     except Ended:
         return
     finally:
