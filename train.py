@@ -34,7 +34,7 @@ def run(argv: list[str]) -> int:
     try:
         args = parse_argv(argv)
         grid = build(SweepConfig, args.values)      # built to check
-        sweeping = bool(args.sweep) or grid.seeds > 1
+        sweeping = bool(args.sweep) or bool(args.tune) or grid.seeds > 1
         if sweeping:
             return runner.run(args, argv)
         if grid.launcher != "local":
@@ -52,6 +52,9 @@ def run(argv: list[str]) -> int:
     except loop.Diverged as e:
         say_error(e)
         return outcome.DIVERGED_EXIT
+    except loop.Hopeless as e:
+        say_error(e)
+        return outcome.PRUNED_EXIT
     except UserError as e:
         say_error(e, args.blame(str(e)) if args else None)
         return 2

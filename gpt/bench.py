@@ -79,12 +79,6 @@ class BenchConfig:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
 
 
-def flops_per_token(cfg: GPTConfig, n_params: int) -> float:
-    """Training FLOPs per token: 6 per weight (forward and backward) plus attention's
-    12 * n_layer * block_size * n_embd (the PaLM appendix estimate)."""
-    return 6 * n_params + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
-
-
 def gpu_peak(name: str, dtype: torch.dtype, tf32: bool = True) -> tuple[float, str]:
     """The datasheet rate for bfloat16, or for float32 on TF32 tensor cores (half of it); plain
     float32 (matmul_precision=highest) runs off the tensor cores, at a rate not tabled here."""
@@ -187,7 +181,7 @@ def measure_speed(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
         diag_ms = time_diagnostics(model, train_cfg.batch_size, device)
     if dtype == torch.float32 and device_type == "cpu":
         peak_source += f" at {train_cfg.matmul_precision} precision"
-    achieved = flops_per_token(model_cfg, n_params) * result["tokens_per_sec"]
+    achieved = model_cfg.flops_per_token() * result["tokens_per_sec"]
     new = bench.sample_tokens or model_cfg.block_size - 1
     result.update(
         diagnostics_ms=diag_ms,

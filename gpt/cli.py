@@ -14,8 +14,8 @@ import sys
 from dataclasses import dataclass
 
 from .config import REPLACED, GPTConfig, SweepConfig, TrainConfig, build, field_type
-from .config_files import (SECTIONS, available_configs, convert, fields_of, read_config_file, replacement, shown,
-                           unknown_name_message)
+from .config_files import (LINK, SECTIONS, available_configs, convert, fields_of, linked_values, read_config_file,
+                           replacement, shown, tune_grid, unknown_name_message)
 from .errors import UserError, say_error
 
 # a sweep sets these itself, and takes its own options (seeds, jobs, launcher, slurm_*) once
@@ -25,9 +25,10 @@ RESERVED_AXES = ("seed", "out_dir", "resume", "overwrite", *SweepConfig.__datacl
 class Args:
     """A parsed command line: the config file's values, then the overrides on top."""
     values: dict                      # field name -> typed value, file first, then overrides
-    sweep: dict[str, list]            # axis name -> values to try
+    sweep: dict[str, list]            # axis name -> values to try ("a:b" -> (a, b) pairs: linked)
     config_name: str | None = None    # --config: where the values not given on the command line came from
     from_file: tuple[str, ...] = ()   # those values' names
+    tune: dict[str, list] = dataclasses.field(default_factory=dict)   # option -> grid, tuned per setting
 
     def blame(self, message: str) -> str:
         """A validation message that names values (name=value), with the file that set them: a
@@ -40,26 +41,36 @@ class Args:
 def parse_argv(argv: list[str], sections=SECTIONS) -> Args:
     """The values, axes and config file a command line gives a command taking `sections`."""
     fields = fields_of(sections)
-    config_name, raw, sweep = read_tokens(argv, fields, sections)
-    values, file_sweep = read_config_file(config_name) if config_name else ({}, {})
+    config_name, raw, sweep, tune = read_tokens(argv, fields, sections)
+    values, file_sweep, file_tune = read_config_file(config_name) if config_name else ({}, {}, {})
     source = dict(config_name=config_name,
                   from_file=tuple(n for n in (*values, *file_sweep) if n not in raw and n not in sweep))
     values.update(raw)
     check_given(fields, values, raw, sweep, file_sweep, config_name, sections)
     if SweepConfig not in sections:     # a command that runs one setting: each axis needs a value
-        unset = [name for name in file_sweep if name not in raw]
+        unset = [name for name in dict.fromkeys([*file_sweep, *file_tune]) if name not in raw]
         if unset:
-            picks = " ".join(f"--{name}={shown(file_sweep[name][0])}" for name in unset)
+            picks = " ".join(f"--{name}={shown({**file_tune, **file_sweep}[name][0])}" for name in unset
+                             if LINK not in name)
             raise UserError(f"{config_name} sweeps {', '.join(unset)}; this command runs one "
                             f"setting: pick one value for each, e.g. {picks}")
         return Args(values=values, sweep={}, **source)
+    axes = {**file_sweep, **sweep}
+    for name in sweep:      # a command line's linked axis replaces the file's axes of its options
+        for old in [key for key in file_sweep if key != name and set(key.split(LINK)) & set(name.split(LINK))]:
+            axes.pop(old)
     check_axes(raw, sweep, file_sweep, config_name)
-    return Args(values=values, sweep={**file_sweep, **sweep}, **source)
+    for name in tune:       # a command line's tuning replaces the file's axis of that option
+        if name in file_sweep and name not in sweep:
+            axes.pop(name)
+    tune = {**file_tune, **tune}
+    check_tune(raw, axes, tune)
+    return Args(values=values, sweep=axes, tune=tune, **source)
 
 
-def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, dict, dict[str, list]]:
-    """(--config's name, --name=value overrides, --sweep axes) as typed values."""
-    config_name, raw, sweep = None, {}, {}
+def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, dict, dict[str, list], dict[str, list]]:
+    """(--config's name, --name=value overrides, --sweep axes, --tune grids) as typed values."""
+    config_name, raw, sweep, tune = None, {}, {}, {}
     tokens = list(argv)
     for token in tokens:
         if not token.isascii():     # bytes a shell passed on that are not UTF-8 become surrogates
@@ -78,12 +89,12 @@ def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, di
                 value = tokens.pop(0)
             elif name in fields and field_type(*fields[name]) is bool:
                 value = "true"
-            elif name not in fields and name not in ("config", "sweep"):
+            elif name not in fields and name not in ("config", "sweep", "tune"):
                 raise UserError(unknown_name_message(name, fields))
             else:
                 raise UserError(f"--{name} needs a value: --{name}=VALUE")
-        if name == "sweep" and SweepConfig not in sections:
-            raise UserError("--sweep: this command runs one setting; sweeps run with python train.py")
+        if name in ("sweep", "tune") and SweepConfig not in sections:
+            raise UserError(f"--{name}: this command runs one setting; sweeps run with python train.py")
         if name == "config" and TrainConfig not in sections:
             raise UserError("--config: this command takes the model's settings from the checkpoint "
                             "in --out_dir")
@@ -94,23 +105,39 @@ def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, di
                 raise UserError(f"--config is given twice ({config_name}, {value}); give one file, and "
                                 "the values to change as --name=value")
             config_name = value
+        elif name == "tune":
+            option, eq, values = value.partition("=")
+            if not eq or not values:
+                raise UserError(f"--tune {value!r} should look like --tune learning_rate=3e-3,1e-2,3e-2")
+            if option in tune:
+                raise UserError(f"--tune {option} is given twice; list all its values in one")
+            tune[option] = tune_grid(option, values.split(","), "--tune")
         elif name == "sweep":
             axis, eq, values = value.partition("=")
             if not eq or not values:
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
-            if axis in REPLACED:
-                raise UserError(f"--sweep {axis}: {axis} was replaced; use {replacement(axis)}")
-            if axis not in fields:
-                close = difflib.get_close_matches(axis, list(fields), n=1)
-                hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
-                raise UserError(f"--sweep {axis}: not a config field{hint}")
+            for part in axis.split(LINK):
+                check_axis_name(part, fields)
             if axis in sweep:
                 raise UserError(f"--sweep {axis} is given twice; list all its values in one: "
                                 f"--sweep {axis}=v1,v2")
-            sweep[axis] = [convert(axis, v, fields, axis=True) for v in values.split(",")]
+            if LINK in axis:
+                sweep[axis] = linked_values(axis, values.split(","),
+                                            lambda n, v: convert(n, v, fields, axis=True), "--sweep")
+            else:
+                sweep[axis] = [convert(axis, v, fields, axis=True) for v in values.split(",")]
         else:
             raw[name] = convert(name, value, fields)
-    return config_name, raw, sweep
+    return config_name, raw, sweep, tune
+
+
+def check_axis_name(axis: str, fields: dict) -> None:
+    if axis in REPLACED:
+        raise UserError(f"--sweep {axis}: {axis} was replaced; use {replacement(axis)}")
+    if axis not in fields:
+        close = difflib.get_close_matches(axis, list(fields), n=1)
+        hint = f"; did you mean {close[0]}?" if close else "; see --help for the fields"
+        raise UserError(f"--sweep {axis}: not a config field{hint}")
 
 
 def check_given(fields: dict, values: dict, raw: dict, sweep: dict, file_sweep: dict,
@@ -131,21 +158,45 @@ def check_given(fields: dict, values: dict, raw: dict, sweep: dict, file_sweep: 
 
 
 def check_axes(raw: dict, sweep: dict, file_sweep: dict, config_name: str | None) -> None:
-    """Refuse axes the sweep sets itself, a value listed twice, and an axis also given one value."""
+    """Refuse axes the sweep sets itself, a value listed twice, an axis also given one value, and
+    an option on two axes."""
+    on_axis = {}
     for name, listed in {**file_sweep, **sweep}.items():
         where = "--sweep" if name in sweep else config_name
-        if name in RESERVED_AXES:
-            hint = "; use --seeds=N for seeds" if name.startswith("seed") else ""
-            raise UserError(f"{f'--sweep {name}' if name in sweep else f'{config_name} sweeps {name}'}: "
-                            f"the sweep sets {name} itself{hint}")
+        for part in name.split(LINK):
+            if part in RESERVED_AXES:
+                hint = "; use --seeds=N for seeds" if part.startswith("seed") else ""
+                raise UserError(f"{f'--sweep {name}' if name in sweep else f'{config_name} sweeps {name}'}: "
+                                f"the sweep sets {part} itself{hint}")
+            if part in on_axis and on_axis[part] != name:
+                raise UserError(f"{part} is on two axes ({on_axis[part]} and {name}); give it on one")
+            on_axis[part] = name
         twice = [v for i, v in enumerate(listed) if v in listed[:i]]
         if twice:   # 1 and true, or 1e-3 and 0.001, are one value once typed
-            raise UserError(f"{where} lists {name}={shown(twice[0])} twice; list each value once")
-        if name in raw:         # the axis would win unseen
+            value = LINK.join(map(shown, twice[0])) if LINK in name else shown(twice[0])
+            raise UserError(f"{where} lists {name}={value} twice; list each value once")
+        for part in (p for p in name.split(LINK) if p in raw):      # the axis would win unseen
+            if LINK in name:
+                raise UserError(f"--{part}={shown(raw[part])} is also swept by {where} ({name}); give one or "
+                                "the other")
             axis = ",".join(shown(v) for v in sweep.get(name, file_sweep.get(name)))
             fix = ("give one or the other" if name in sweep else
                    f"to run only some values, give them as --sweep {name}={shown(raw[name])}")
             raise UserError(f"--{name}={shown(raw[name])} is also swept by {where} ({name}={axis}); {fix}")
+
+
+def check_tune(raw: dict, axes: dict, tune: dict) -> None:
+    """Refuse a tuned option the sweep sets itself, one that is also an axis, and one also given a
+    single value on the command line."""
+    swept = {part for name in axes for part in name.split(LINK)}
+    for name in tune:
+        if name in RESERVED_AXES:
+            raise UserError(f"--tune {name}: the sweep sets {name} itself; tune a setting such as learning_rate")
+        if name in swept:
+            raise UserError(f"--tune {name}: {name} is also an axis of the sweep; each setting is tuned over "
+                            f"{name} alone or compared along it, not both: drop it from one")
+        if name in raw:
+            raise UserError(f"--{name}={shown(raw[name])} is also tuned by --tune {name}; give one or the other")
 
 
 # --help's headings for the training options, in the order a run is thought through
@@ -153,8 +204,8 @@ TRAIN_GROUPS = {
     "data": ("dataset", "data_dir", "data_url", "init_from"),
     "optimisation": ("batch_size", "gradient_accumulation_steps", "max_iters", "optimizer", "learning_rate",
                      "weight_decay", "beta1", "beta2", "muon_lr", "muon_momentum", "muon_weight_decay",
-                     "grad_clip", "skip_nonfinite"),
-    "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "cooldown_frac"),
+                     "grad_clip", "skip_nonfinite", "stop_hopeless"),
+    "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "min_lr_ratio", "cooldown_frac"),
     "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
                                    "overwrite"),
     "logging": ("log_interval", "diagnostics", "wandb", "wandb_project", "wandb_run_name"),
@@ -186,7 +237,10 @@ def help_text(prog: str, sections=SECTIONS, hidden=()) -> str:
     if configs:
         lines.append(f"--config NAME: one of {', '.join(available_configs())}, or a .toml path")
     if sweeps:
-        lines.append("--sweep name=v1,v2: run every combination of the listed values (see sweep below)")
+        lines.append("--sweep name=v1,v2: run every combination of the listed values (see sweep below); "
+                     "--sweep a:b=1:2,3:4 moves a and b together")
+        lines.append("--tune name=v1,v2,...: train each setting at every value (tuning seeds), then its seeds at "
+                     "its best value (docs/sweeps.md, Tuning)")
     if configs:
         lines.append("")
     for heading, fields in help_groups(sections):

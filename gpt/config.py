@@ -39,6 +39,8 @@ def _positive(obj, *names: str) -> None:
             raise UserError(f"{name}={value} must be positive")
 
 
+MIN_LR = 1e-4      # min_lr's default: min_lr_ratio replaces it, and refuses it set to another value
+
 NAME_MAX = 255      # bytes in one file or folder name, on Linux, macOS and Windows alike
 
 
@@ -210,8 +212,10 @@ class GPTConfig:
         width = self.mlp_ratio * self.n_embd
         return 2 * width // 3 if self.gated else width
 
-    def num_params(self) -> int:
-        """Parameters of the model this describes, shared ones once, without building it."""
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameters of the model this describes, shared ones once, without building it;
+        non_embedding leaves out the position table and the token table unless it is tied to the
+        head (as GPT.num_params does)."""
         C, H, kv = self.n_embd, self.mlp_hidden, self.kv_heads * self.head_size
         fc = H * (2 if self.gated else 1)
         per_width = (2 if self.norm_type == "layernorm" and self.bias else 1) * self.norm_affine
@@ -223,9 +227,15 @@ class GPTConfig:
             block += 2 * self.head_size * per_width
         if self.bias:
             block += (C + 2 * kv) + C + fc + C
-        return (self.n_layer * block + self.vocab_size * C * (1 if self.tie_weights else 2)
-                + (self.block_size * C if self.pos_encoding == "learned" else 0)
+        tables = 0 if non_embedding else (self.vocab_size * C * (not self.tie_weights)
+                                          + (self.block_size * C if self.pos_encoding == "learned" else 0))
+        return (self.n_layer * block + self.vocab_size * C + tables
                 + (norm if self.norm_placement != "post" else 0) + (norm if self.embed_norm else 0))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 per non-embedding weight (forward and backward) plus
+        attention's 12 * n_layer * block_size * n_embd (the PaLM appendix estimate)."""
+        return 6 * self.num_params(non_embedding=True) + 12 * self.n_layer * self.block_size * self.n_embd
 
 
 @dataclass
@@ -260,7 +270,10 @@ class TrainConfig:
     gradient_accumulation_steps: int = opt(1, "micro-batches per optimizer step (over all processes)")
     max_iters: int = opt(5000, "optimizer steps to train for")
     learning_rate: float = opt(1e-3, "peak learning rate")
-    min_lr: float = opt(1e-4, "learning rate at the end of the decay")
+    min_lr: float = opt(MIN_LR, "learning rate at the end of the decay")
+    min_lr_ratio: float = opt(0.0, "the end of the decay as a fraction of learning_rate (0.1: a tenth of "
+                              "the peak), in place of min_lr, so runs at several peak rates decay alike; "
+                              "0 uses min_lr")
     warmup_iters: int = opt(100, "steps of linear warmup up to learning_rate")
     lr_decay_iters: int = opt(5000, "step at which the decay reaches min_lr")
     lr_schedule: str = opt("cosine", "after warmup: cosine or linear decay to min_lr, wsd (warmup-"
@@ -289,6 +302,9 @@ class TrainConfig:
     diagnostics: bool = opt(True, "log per-block gradient norm, update/weight ratio, residual RMS, "
                                   "position similarity and per-head attention entropy at each evaluation")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is nan/inf instead of stopping")
+    stop_hopeless: bool = opt(False, "stop the run (status pruned, exit status 4) at an evaluation after "
+                              "warmup whose val loss is above the unigram level: it has learned less than "
+                              "the characters' frequencies; a sweep's --tune_prune sets it on tuning runs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
                           "deleting them; without it such a start is refused")
@@ -310,7 +326,12 @@ class TrainConfig:
         if self.resume and self.overwrite:
             raise UserError("resume=true continues the run in out_dir and overwrite=true replaces it; "
                             "give one of them")
-        if self.min_lr > self.learning_rate and self.lr_schedule != "constant":
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(f"min_lr_ratio={self.min_lr_ratio} must be in [0, 1] (a fraction of learning_rate)")
+        if self.min_lr_ratio and self.min_lr != MIN_LR:
+            raise UserError(f"min_lr={self.min_lr} and min_lr_ratio={self.min_lr_ratio} both set the end of the "
+                            "decay; give one of them")
+        if self.min_lr > self.learning_rate and self.lr_schedule != "constant" and not self.min_lr_ratio:
             raise UserError(f"min_lr={self.min_lr} is above learning_rate={self.learning_rate}")
         if self.lr_schedule != "constant" and self.lr_decay_iters <= self.warmup_iters:
             raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
@@ -322,10 +343,16 @@ class TrainConfig:
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
 
+    @property
+    def final_lr(self) -> float:
+        """Where the decay ends: min_lr_ratio of the peak where it is set, else min_lr."""
+        return self.min_lr_ratio * self.learning_rate if self.min_lr_ratio else self.min_lr
+
 
 # the schedules that read each of these settings; the others ignore it, so runs that differ only
 # in it train alike
 READ_BY_SCHEDULES = {"cooldown_frac": ("wsd",), "min_lr": ("cosine", "linear", "wsd"),
+                     "min_lr_ratio": ("cosine", "linear", "wsd"),
                      "lr_decay_iters": ("cosine", "linear", "wsd")}
 
 
@@ -350,6 +377,14 @@ class SweepConfig:
     launcher: str = opt("local", "local: runs as processes here; slurm: a Slurm job array through submitit; "
                         "submitit_local: submitit's jobs as local processes, to try a sweep",
                         choices=("local", "slurm", "submitit_local"))
+    tune_seeds: int = opt(1, "with --tune: seeds each grid point is trained on to choose a setting's value "
+                          "(apart from the confirmation seeds, which are then trained at it)")
+    tune_seed: int = opt(-1, "with --tune: the first tuning seed; -1: seed + 1000, clear of the "
+                         "confirmation seeds seed, seed+1, ...")
+    tune_extend: int = opt(2, "with --tune: a best value at its grid's edge adds one more grid step that "
+                           "way, at most this many times per edge")
+    tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss is above the unigram "
+                           "level after warmup (stop_hopeless); they count as the worst loss")
     slurm_partition: str = opt("", "Slurm partition; empty: the cluster's default")
     slurm_time: int = opt(60, "minutes per run, Slurm's time limit (also submitit_local's); a run "
                           "stopped by it saves and is requeued")
@@ -363,8 +398,10 @@ class SweepConfig:
     def __post_init__(self):
         check_types(self)
         _check_choices(self)
-        _positive(self, "seeds", "jobs", "slurm_time")
-        for name in ("slurm_gpus", "slurm_cpus"):
+        _positive(self, "seeds", "jobs", "slurm_time", "tune_seeds")
+        if self.tune_seed != -1:
+            check_seed(self.tune_seed)
+        for name in ("slurm_gpus", "slurm_cpus", "tune_extend"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
 

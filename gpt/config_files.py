@@ -111,8 +111,9 @@ def config_path(name: str) -> Path:
     raise UserError(f"{what} {name!r}; {hint}available: {', '.join(available_configs())}")
 
 
-def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
-    """Return (field values, sweep axes) from a TOML config; `[sweep]` holds the axes."""
+def read_config_file(name: str) -> tuple[dict, dict[str, list], dict[str, list]]:
+    """Return (field values, sweep axes, tuned options) from a TOML config; `[sweep]` holds the
+    axes (a key "a:b" links two, its values [a, b] pairs), `[tune]` each tuned option's grid."""
     path = config_path(name)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
@@ -122,9 +123,11 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
         raise UserError(f"{path} is not UTF-8 text; is it a TOML config?") from None
     except OSError as e:
         raise UserError(f"{path} cannot be read ({e.strerror})") from None
-    axes = data.pop("sweep", {})
+    axes, tune = data.pop("sweep", {}), data.pop("tune", {})
     if not isinstance(axes, dict):
         raise UserError(f"{path}: [sweep] must be a table of axis = [values]")
+    if not isinstance(tune, dict) or not all(isinstance(v, list) for v in tune.values()):
+        raise UserError(f"{path}: [tune] must be a table of option = [values], e.g. learning_rate = [3e-3, 1e-2, 3e-2]")
 
     def typed(key, value, axis=False):
         if key in REPLACED:
@@ -144,6 +147,9 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
     values = {key: typed(key, value) for key, value in data.items()}
     sweep = {}
     for key, value in axes.items():
+        if LINK in key:
+            sweep[key] = linked_values(key, value, lambda k, v: typed(k, v, axis=True), f"{path}: [sweep]")
+            continue
         option = key in SweepConfig.__dataclass_fields__
         listed = value if isinstance(value, list) and not option else [value]
         if not listed:
@@ -157,7 +163,54 @@ def read_config_file(name: str) -> tuple[dict, dict[str, list]]:
             values[key] = typed(key, value)
         else:
             sweep[key] = [typed(key, v, axis=True) for v in listed]
-    return values, sweep
+    return values, sweep, {key: tune_grid(key, listed, f"{path}: [tune]") for key, listed in tune.items()}
+
+
+LINK = ":"      # an axis named n_layer:n_embd moves both options together, value by value
+
+
+def linked_values(key: str, listed, typed, where: str) -> list[tuple]:
+    """A linked axis's values as tuples, one part per option: from TOML pairs [2, 128] or text 2:128."""
+    names = key.split(LINK)
+    if not isinstance(listed, list) or not listed:
+        raise UserError(f"{where} {key} lists no values; give them as [{', '.join(['...'] * len(names))}] lists")
+    out = []
+    for value in listed:
+        parts = value.split(LINK) if isinstance(value, str) else value
+        if not isinstance(parts, list) or len(parts) != len(names):
+            given = LINK.join(map(str, parts)) if isinstance(parts, list) else shown(value)
+            example = LINK.join(f"<{n}>" for n in names)
+            raise UserError(f"{where} {key}: the value {given} has {len(parts) if isinstance(parts, list) else 1} "
+                            f"part(s) for {len(names)} linked options; give each as {example}")
+        out.append(tuple(typed(n, p) for n, p in zip(names, parts)))
+    return out
+
+
+def tune_grid(name: str, listed: list, where: str) -> list:
+    """The values a tuned option is tried at: numbers of its field's type, two or more, each once."""
+    if name not in FIELDS or FIELDS[name][0] is SweepConfig:
+        close = difflib.get_close_matches(name, [n for n, (cls, _) in FIELDS.items() if cls is not SweepConfig], n=1)
+        raise UserError(f"{where} {name}: not a setting a run reads"
+                        f"{f'; did you mean {close[0]}?' if close else ''}")
+    if field_type(*FIELDS[name]) not in (int, float):
+        raise UserError(f"{where} {name}: only a numeric option can be tuned ({name} is "
+                        f"{SPELLED.get(field_type(*FIELDS[name]), 'not a number')})")
+    values = []
+    for v in listed:
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise UserError(f"{where} {name}={shown(v)} is not a number; give a list such as 3e-3,1e-2,3e-2")
+        try:
+            number = convert(name, v)
+        except UserError:
+            raise UserError(f"{where} {name}={shown(v)} is not a number; give a list such as "
+                            "3e-3,1e-2,3e-2") from None
+        if number in values:
+            raise UserError(f"{where} {name} lists {shown(number)} twice; list each value once")
+        values.append(number)
+    if len(values) < 2:
+        raise UserError(f"{where} {name}={','.join(map(shown, values))} is a grid of one value, which tunes nothing; "
+                        f"give 2 or more (3e-3,1e-2,3e-2), or set --{name} alone")
+    return sorted(values)
 
 
 def twice_set(path: Path, error: tomllib.TOMLDecodeError) -> str | None:

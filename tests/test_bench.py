@@ -9,12 +9,14 @@ import torch
 from conftest import tiny_args
 from gpt import bench
 from gpt.config import GPTConfig
+from gpt.model import GPT
 from gpt.speed.precision import cpu_rounds_matmuls
 
 
 def test_flops_per_token_is_six_per_weight_plus_attention():
-    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8)
-    assert bench.flops_per_token(cfg, 1000) == 6 * 1000 + 12 * 2 * 8 * 16
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=65)
+    weights = GPT(cfg).num_params(non_embedding=True)
+    assert cfg.flops_per_token() == 6 * weights + 12 * 2 * 8 * 16
 
 
 @pytest.mark.e2e

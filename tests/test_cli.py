@@ -23,7 +23,7 @@ def test_overrides_are_typed_and_win_over_the_file():
 
 
 def test_shakespeare_char_is_the_baseline_recipe():
-    values, sweep = read_config_file("shakespeare_char")
+    values, sweep, _ = read_config_file("shakespeare_char")
     model, train = build(GPTConfig, values), build(TrainConfig, values)
     assert (model.n_layer, model.n_head, model.n_embd, model.block_size, model.dropout) == (6, 6, 384, 256, 0.2)
     assert (train.batch_size, train.learning_rate, train.warmup_iters, train.min_lr) == (64, 1e-3, 100, 1e-4)
@@ -34,11 +34,11 @@ def test_shakespeare_char_is_the_baseline_recipe():
 
 @pytest.mark.parametrize("name", available_configs())
 def test_every_shipped_config_loads(name):
-    values, sweep = read_config_file(name)
+    values, sweep, tune = read_config_file(name)
     for cls in (GPTConfig, TrainConfig):
         build(cls, values)
         fields = {f.name for f in dataclasses.fields(cls)}
-        for axis, options in sweep.items():
+        for axis, options in {**sweep, **tune}.items():
             for option in options if axis in fields else ():   # every grid point must be a valid config too
                 build(cls, {**values, axis: option})
 
@@ -49,8 +49,8 @@ def test_each_study_at_its_second_size_is_the_study_with_only_the_size_changed()
         f"sweeps/{s}" for s in ("heads", "positions", "activations", "block", "sandwich", "norm_residual",
                                  "optimizer", "relu2", "softcap", "zero_init")}
     for name in wide:
-        values, sweep = read_config_file(name)
-        base_values, base_sweep = read_config_file(name.replace("wide/", ""))
+        values, sweep, _ = read_config_file(name)
+        base_values, base_sweep, _ = read_config_file(name.replace("wide/", ""))
         changed = {k for k in values.keys() | base_values.keys() if values.get(k) != base_values.get(k)}
         assert changed == {"n_embd", "out_dir"} and sweep == base_sweep, name
         assert values["n_embd"] == 2 * base_values["n_embd"]
@@ -272,7 +272,7 @@ def test_a_config_file_path_may_leave_out_its_suffix(tmp_path: Path, monkeypatch
 def test_a_config_file_path_works(tmp_path: Path):
     path = tmp_path / "mine.toml"
     path.write_text('n_layer = 3\nlearning_rate = 1\n[sweep]\nresidual = [true, false]\nseeds = 2\n')
-    values, sweep = read_config_file(str(path))
+    values, sweep, _ = read_config_file(str(path))
     assert values == {"n_layer": 3, "learning_rate": 1.0, "seeds": 2}
     assert sweep == {"residual": [True, False]}
     path.write_text("n_layer = [\n")

@@ -77,7 +77,7 @@ def test_no_spread_on_either_side_keeps_any_difference_real_among_many():
 @pytest.fixture
 def quiet(monkeypatch):
     """The figures left out: they take a second and are not what is tested here."""
-    monkeypatch.setattr(report, "plot", lambda rows, path: None)
+    monkeypatch.setattr(report, "plot", lambda rows, path, x="steps": None)
     monkeypatch.setattr(report, "plot_diagnostics", lambda rows, path: None)
 
 
@@ -93,7 +93,9 @@ def test_the_summary_says_how_many_comparisons_share_the_five_percent(tmp_path, 
             run.mkdir()
             (run / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "iter": 10, "train_loss": v,
                                                            "val_loss": v}) + "\n")
-            (run / "config.json").write_text(json.dumps({"model": {"n_layer": n_layer}, "train": {"seed": seed}}))
+            # a batch size of each setting's own: its runs see other batches, so Welch's test compares them
+            (run / "config.json").write_text(json.dumps({"model": {"n_layer": n_layer},
+                                                         "train": {"seed": seed, "batch_size": 4 * n_layer}}))
             (run / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0, "wall_s": 1.0}))
     report.report(out)
     summary = (out / "summary.md").read_text()
@@ -101,8 +103,11 @@ def test_the_summary_says_how_many_comparisons_share_the_five_percent(tmp_path, 
             "(Holm–Bonferroni): a setting is 'worse' or 'better' only where its Holm-adjusted p is under "
             "0.05.") in summary.splitlines()
     d = [f"{statistics.fmean(v) - 2.0:+.3f}" for v in losses.values()]
-    assert ("| setting | difference | Welch's p | Holm-adjusted p |\n|---|---|---|---|\n"
-            f"| n_layer=2 | {d[1]} | 0.010 | 0.030 |\n| n_layer=3 | {d[2]} | 0.040 | 0.060 |\n"
-            f"| n_layer=4 | {d[3]} | 0.030 | 0.060 |\n") in summary
+    half = stats.t.ppf(0.975, 4) * math.sqrt(2 / 3) * 0.01     # Welch's df is 4 at equal spreads
+    ci = [f"{x - half:+.3f} to {x + half:+.3f}" for x in (statistics.fmean(v) - 2.0 for v in losses.values())]
+    assert ("| setting | difference | 95% CI | test | p | Holm-adjusted p |\n|---|---|---|---|---|---|\n"
+            f"| n_layer=2 | {d[1]} | {ci[1]} | Welch | 0.010 | 0.030 |\n"
+            f"| n_layer=3 | {d[2]} | {ci[2]} | Welch | 0.040 | 0.060 |\n"
+            f"| n_layer=4 | {d[3]} | {ci[3]} | Welch | 0.030 | 0.060 |\n") in summary
     assert f"| n_layer=3 | 3 | {2.0 + float(d[2]):.3f} ± 0.010 | 0 | within noise ({d[2]}) |" in summary
     assert "| n_layer=2 | 3 |" in summary and f"| worse by {float(d[1]):.3f} |" in summary

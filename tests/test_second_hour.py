@@ -165,7 +165,7 @@ def test_a_top_level_value_no_run_would_use_is_refused(tmp_path):
                             "learning_rate = [0.0003, 0.003] in every run; keep one of the two")
     # one of the swept values, as configs/sweeps/heads.toml gives, so that the file is valid alone
     path.write_text("n_head = 4\n[sweep]\nn_head = [2, 4]\n")
-    assert read_config_file(str(path)) == ({"n_head": 4}, {"n_head": [2, 4]})
+    assert read_config_file(str(path)) == ({"n_head": 4}, {"n_head": [2, 4]}, {})
 
 
 # ---------------------------------------------------------------- the best checkpoint

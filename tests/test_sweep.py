@@ -63,7 +63,8 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
         assert r["diverged"] == "False"
     summary = (out / "summary.md").read_text()
     assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary
-    assert summary.count("| residual=") == 5          # the loss table, the steps to the baseline and the diagnostics
+    # the loss table, compute, the steps to the baseline and the diagnostics
+    assert summary.count("| residual=") == 7
     assert (out / "curves.png").stat().st_size > 10_000
     assert (out / "diagnostics.png").stat().st_size > 10_000
     stamp = (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns
@@ -922,16 +923,19 @@ def test_a_grid_of_16_settings_is_drawn_in_one_row_of_panels_per_value_of_one_op
         seeds = [line for line in finals.lines if line.get_marker() == "o"]
         assert [len(line.get_xdata()) for line in seeds] == [3] * 8
         assert sum(line.get_marker() == "_" for line in finals.lines) == 8
-        # zoomed to the last losses: the early ones (4.2 at iteration 0) are above the view
+        # the curves whole, the first evaluations (4.2 at iteration 0) too, on one log scale in every row
         ends = [r["final_val_loss"] for r in panel]
         span = max(max(ends) - min(ends), 0.02 * max(ends))     # a range of at least 2% of the loss
         bottom, top = curves.get_ylim()
-        assert min(ends) - 0.1 * span <= bottom <= min(ends) and max(ends) < top <= min(ends) + 1.35 * span < 4
+        assert curves.get_yscale() == "log" and bottom < min(r["final_val_loss"] for r in rows) and top > 4.2
+        assert curves.get_ylim() == fig.axes[0].get_ylim()
+        # the final losses zoomed to them
         bottom, top = finals.get_ylim()
         assert min(ends) - 0.1 * span <= bottom < min(ends) and max(ends) < top <= min(ends) + 1.15 * span
-    # the unigram level is drawn where the zoom holds it, else the title says where it is
+    # the unigram level is drawn in each curve panel, and in the final losses' where their zoom holds it,
+    # else the title says where it is
     assert "unigram level 3.35 is above the view" in fig.axes[1].get_title()
-    assert "clipped above" in fig.axes[0].get_title()
+    assert [line.get_label() for line in fig.axes[0].lines].count("unigram level") == 1
     assert [line.get_label() for line in fig.axes[2].lines].count("unigram level") == 1
 
 
@@ -944,7 +948,7 @@ def test_a_grid_of_few_settings_is_one_row_whose_legend_names_what_varies():
     legend = fig.axes[1].get_legend()
     assert legend.get_title().get_text() == "residual, n_layer"     # dropout is the same everywhere
     texts = [t.get_text() for t in legend.get_texts()]
-    assert texts == ["true, 1", "true, 2", "false, 1", "false, 2", "unigram level"]    # within the zoom
+    assert texts == ["true, 1", "true, 2", "false, 1", "false, 2", "unigram level"]
     assert [len(line.get_xdata()) for line in fig.axes[1].lines if line.get_marker() == "o"] == [2] * 4
     # more than 6 settings of one option alone: one panel, every colour its own
     rows = grid_rows({"learning_rate": [str(i) for i in range(12)]}, seeds=1)

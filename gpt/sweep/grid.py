@@ -7,13 +7,13 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from .. import checkpoint
-from ..config_files import shown
+from ..config_files import LINK, shown
 from ..config import (NAME_MAX, READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig,
                       TrainConfig, build, read_by, read_by_optimizer, user_path)
 from ..speed.split import split_plan
@@ -28,9 +28,18 @@ class SweepRun:
     setting: dict         # axis name -> value
     seed: int
     folder: Path
+    tuned: dict = field(default_factory=dict)     # a tuned option -> its value here: in the folder's name,
+    stage: str = "confirm"                        # but not in the setting; "tune" for a tuning run
+    extra: dict = field(default_factory=dict)     # more values for its process (stop_hopeless)
+
+    @property
+    def name(self) -> str:
+        """The run's folder within the sweep's: tune/<folder> for a tuning run."""
+        return f"{self.folder.parent.name}/{self.folder.name}" if self.stage == "tune" else self.folder.name
 
 
-DONE = ("finished", "diverged")     # a run with either status is not run again; "failed" is
+# a run with one of these statuses is not run again ("pruned": stopped by stop_hopeless); "failed" is
+DONE = ("finished", "diverged", "pruned")
 
 
 def as_text(value) -> str:
@@ -46,35 +55,64 @@ def setting_label(setting: dict) -> str:
 MAX_RUNS = 100_000
 
 
-def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[SweepRun]:
-    """Every combination of axis values (first axis slowest), each with `seeds` seeds. Where the
-    optimizer is an axis, a run of one that does not read an axis (AdamW and muon_lr) is made once,
-    and that axis is left out of its setting."""
-    names = list(axes)
-    count = math.prod(len(axes[n]) for n in names) * seeds
+def factors(axes: dict[str, list]) -> list[tuple[tuple[str, ...], list[tuple]]]:
+    """Each axis as (its option names, its values as tuples): one name and 1-tuples, or a linked
+    axis's names and its values' parts."""
+    out = []
+    for key, values in axes.items():
+        names = tuple(key.split(LINK))
+        out.append((names, [tuple(v) if len(names) > 1 else (v,) for v in values]))
+    return out
+
+
+def axis_names(axes: dict[str, list]) -> list[str]:
+    """The options the axes set, a linked axis's each on its own."""
+    return [name for names, _ in factors(axes) for name in names]
+
+
+def settings_of(axes: dict[str, list]) -> list[dict]:
+    """Every combination of axis values (first axis slowest; a linked axis's values together).
+    Where the optimizer is an axis, a setting of one that does not read an axis (AdamW and
+    muon_lr) is made once, and that axis is left out of its setting."""
+    parts = factors(axes)
+    first = {name: values[0][i] for names, values in parts for i, name in enumerate(names)}
+    out = []
+    for combination in itertools.product(*(values for _, values in parts)):
+        setting = {name: v for (names, _), value in zip(parts, combination) for name, v in zip(names, value)}
+        unread = [n for n in setting if "optimizer" in setting and not read_by_optimizer(setting["optimizer"], n)]
+        if any(setting[n] != first[n] for n in unread):
+            continue
+        out.append({n: v for n, v in setting.items() if n not in unread})
+    return out
+
+
+def count_runs(axes: dict[str, list], seeds: int) -> None:
+    """Refuse a grid of more than MAX_RUNS runs before making any."""
+    count = math.prod(len(values) for values in axes.values()) * seeds
     if count > MAX_RUNS:
         each = f"{seeds} seed{'s' * (seeds != 1)} of each setting"
         raise UserError(f"the sweep would make {count:,} runs ({each}), more than {MAX_RUNS:,}; give "
                         "fewer seeds or axis values")
-    runs = []
-    for values in itertools.product(*(axes[n] for n in names)):
-        setting = dict(zip(names, values))
-        unread = [n for n in names if "optimizer" in setting and not read_by_optimizer(setting["optimizer"], n)]
-        if any(setting[n] != axes[n][0] for n in unread):
-            continue
-        setting = {n: v for n, v in setting.items() if n not in unread}
-        for i in range(seeds):
-            seed = base_seed + i
-            runs.append(SweepRun(setting, seed, out_dir / f"{setting_label(setting)}__seed={seed}"))
-    return runs
+
+
+def run_folder(out_dir: Path, setting: dict, seed: int, tuned: dict | None = None) -> Path:
+    return out_dir / f"{setting_label({**setting, **(tuned or {})})}__seed={seed}"
+
+
+def expand(axes: dict[str, list], seeds: int, base_seed: int, out_dir: Path) -> list[SweepRun]:
+    """settings_of's settings, each with `seeds` seeds."""
+    count_runs(axes, seeds)
+    return [SweepRun(setting, base_seed + i, run_folder(out_dir, setting, base_seed + i))
+            for setting in settings_of(axes) for i in range(seeds)]
 
 
 def setting_of(run: SweepRun) -> dict:
     """The run's axis values as its process gets them: a data_dir from where the sweep starts,
     since each run's process starts in the repository root (the folder name keeps it as typed)."""
-    if "data_dir" not in run.setting:
-        return run.setting
-    return {**run.setting, "data_dir": str(Path(user_path(run.setting["data_dir"], "data_dir")).resolve())}
+    values = {**run.extra, **run.setting, **run.tuned}
+    if "data_dir" not in values:
+        return values
+    return {**values, "data_dir": str(Path(user_path(values["data_dir"], "data_dir")).resolve())}
 
 
 def train_argv(values: dict, run: SweepRun, threads: int) -> list[str]:
@@ -147,9 +185,10 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 # what may differ between a run's starts without changing what is compared: where and how fast it
 # runs (flush_denormal changes only values below float32's smallest normal, and thread_split the order
 # of sums, yet after many steps the losses drift within seed noise; runs older than these fields never
-# flushed or split); the folder is the run's own
+# flushed or split); the folder is the run's own; stop_hopeless only ends a run early, which its
+# status records
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
-                "overwrite", "wandb", "wandb_project", "wandb_run_name"}
+                "overwrite", "wandb", "wandb_project", "wandb_run_name", "stop_hopeless"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)
 SPEED = ("flush_denormal", "threads", "thread_split")

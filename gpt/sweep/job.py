@@ -52,7 +52,7 @@ class RunJob:
                 time.sleep(0.2)
         code = self._code
         if code < 0 or code > 128:
-            raise Stopped(f"{run.folder.name} was stopped (exit status {code}) and saved its checkpoint; "
+            raise Stopped(f"{run.name} was stopped (exit status {code}) and saved its checkpoint; "
                           "the sweep's command resumes it")
         status = run_status(code)
         write_json(run.folder / "result.json",

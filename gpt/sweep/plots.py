@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data import bpc
+from .compute import along
 from .grid import by_setting, counted, drawn
 
 if TYPE_CHECKING:
@@ -111,9 +112,15 @@ def _zoom(ax: Axes, low: float, high: float, headroom: float, peak: float, unigr
 BPC_AXIS_IN = 0.75     # inches bpc_axis takes right of its axes: its ticks, their numbers and its label
 
 
-def bpc_axis(ax: Axes) -> None:
-    """A right-hand axis reading ax's losses (nats per character or byte) in bits per character."""
-    ax.secondary_yaxis("right", functions=(bpc, lambda bits: bits * math.log(2))).set_ylabel("bits per character")
+def bpc_axis(ax: Axes, ticks: list[float] | None = None) -> None:
+    """A right-hand axis reading ax's losses (nats per character or byte) in bits per character;
+    with ticks (losses), at those losses."""
+    axis = ax.secondary_yaxis("right", functions=(bpc, lambda bits: bits * math.log(2)))
+    axis.set_ylabel("bits per character")
+    if ticks:
+        from matplotlib.ticker import NullFormatter
+        axis.set_yticks([bpc(t) for t in ticks], [f"{bpc(t):.2f}" for t in ticks])
+        axis.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _in_bpc(settings: list[list[dict]]) -> bool:
@@ -122,32 +129,65 @@ def _in_bpc(settings: list[list[dict]]) -> bool:
     return bool(flags) and all(flags)
 
 
-def _curves(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], unigram: float | None) -> str:
-    """Val loss against iteration: one line per setting (mean over seeds), the seeds' range as a
-    band; y from the lowest loss to a little above the highest last one. Returns the zoom's note."""
-    lows, highs, ends = [], [], []
+X_LABELS = {"steps": "iteration", "flops": "model FLOPs (training)", "seconds": "seconds of training"}
+
+
+def _curves(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], x: str,
+            unigram: float | None) -> tuple[float, float] | None:
+    """Val loss against x (steps, flops or seconds): one line per setting, the mean over seeds with
+    the seeds' range as a band (against seconds, which differ run by run, a line per seed), and the
+    unigram level dotted. Returns the lowest and highest loss drawn, for a y axis that holds every
+    curve whole."""
+    lows, highs = [], []
     for group, colour, label in zip(settings, colours, labels):
-        by_iter = {}
-        for row in drawn(group):
-            for e in row["_evals"]:
-                if math.isfinite(e["val_loss"]):
-                    by_iter.setdefault(e["iter"], []).append(e["val_loss"])
-        if not by_iter:
+        curves = [along(row, x) for row in drawn(group) if row["_evals"]]
+        curves = [c for c in curves if c]
+        if not curves:
             continue
-        iters = sorted(by_iter)
-        ax.plot(iters, [statistics.fmean(by_iter[i]) for i in iters], color=colour, label=label)
-        low, high = [min(by_iter[i]) for i in iters], [max(by_iter[i]) for i in iters]
-        if max(len(by_iter[i]) for i in iters) > 1:
-            ax.fill_between(iters, low, high, color=colour, alpha=0.2)
+        if x == "seconds":
+            for i, c in enumerate(curves):
+                ax.plot(*zip(*c), color=colour, label=label if i == 0 else None, lw=1)
+            lows.append(min(v for c in curves for _, v in c))
+            highs.append(max(v for c in curves for _, v in c))
+            continue
+        by_x = {}
+        for c in curves:
+            for at, v in c:
+                by_x.setdefault(at, []).append(v)
+        xs = sorted(by_x)
+        ax.plot(xs, [statistics.fmean(by_x[i]) for i in xs], color=colour, label=label)
+        low, high = [min(by_x[i]) for i in xs], [max(by_x[i]) for i in xs]
+        if max(len(by_x[i]) for i in xs) > 1:
+            ax.fill_between(xs, low, high, color=colour, alpha=0.2)
         lows += low
         highs += high
-        ends += [_last(r) for r in drawn(group) if math.isfinite(_last(r))]
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("val loss")
-    ax.grid(alpha=0.3)
-    if not lows:
-        return "no results yet"
-    return _zoom(ax, min(lows), max(ends, default=max(highs)), 0.3, max(highs), unigram)
+    if unigram is not None and lows:
+        ax.axhline(unigram, color="black", ls=":", label="unigram level")     # no setting's colour
+    ax.set_xlabel(X_LABELS[x])
+    ax.set_ylabel("val loss (log scale)")
+    ax.grid(alpha=0.3, which="both")
+    return (min(lows), max(highs)) if lows else None
+
+
+def _whole(axes: list, spans: list, unigram: float | None, in_bpc: list[bool]) -> None:
+    """One y scale for every curve panel, from the lowest loss to the highest, on a log axis so
+    that the first steps and the last differences are both in view (the unigram level too), its
+    ticks plain numbers; a bits-per-character axis where the panel's runs are per character."""
+    from matplotlib.ticker import NullFormatter
+    spans = [s for s in spans if s]
+    if not spans:
+        return
+    low, high = min(s[0] for s in spans), max(s[1] for s in spans)
+    if unigram is not None:
+        high = max(high, unigram)
+    ticks = [low * (high / low) ** (i / 5) for i in range(6)]
+    for ax, bits in zip(axes, in_bpc):
+        ax.set_yscale("log")
+        ax.set_ylim(low * 0.98, high * 1.02)
+        ax.set_yticks(ticks, [f"{t:.2f}" for t in ticks])
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        if bits:
+            bpc_axis(ax, ticks)
 
 
 def _finals(ax: Axes, settings: list[list[dict]], colours: list, labels: list[str], unigram: float | None) -> str:
@@ -170,11 +210,11 @@ def _finals(ax: Axes, settings: list[list[dict]], colours: list, labels: list[st
     return _zoom(ax, min(points), max(points), 0.1, max(points), unigram) if points else "no finished run yet"
 
 
-def curves_figure(rows: list[dict]) -> Figure:
+def curves_figure(rows: list[dict], x: str = "steps") -> Figure:
     """One row of two panels per panel of `panels` (one per value of split_by's option once the
-    grid has more than MAX_SETTINGS settings): the val curves, and each setting's final losses.
-    Within a row colours do not repeat, the legend names only the options varying there, and
-    each row has its own y zoom (what it clips is in its titles)."""
+    grid has more than MAX_SETTINGS settings): the val curves against x, whole and on one y scale
+    in every row, and each setting's final losses, zoomed to them (what that clips is in its
+    title). Within a row colours do not repeat, and the legend names only the options varying there."""
     from matplotlib.figure import Figure
     from matplotlib.transforms import ScaledTranslation
     option, split = panels(rows)
@@ -183,16 +223,18 @@ def curves_figure(rows: list[dict]) -> Figure:
     grid = fig.subplots(count, 2, squeeze=False, width_ratios=(3, 2))
     unigram = next((row["_evals"][-1]["unigram_loss"] for row in rows
                     if row["_evals"] and "unigram_loss" in row["_evals"][-1]), None)
+    spans, bits = [], []
     for (name, settings), (curve_ax, final_ax) in zip(split.items(), grid):
         colours = _colours(len(settings))
         title, labels = _labels(settings)
-        note = _curves(curve_ax, settings, colours, labels, unigram)
-        curve_ax.set_title(f"{name + ': ' if name else ''}val loss, mean over seeds, band = min..max"
-                           + (f"\n{note}" if note else ""), fontsize=9)
+        spans.append(_curves(curve_ax, settings, colours, labels, x, unigram))
+        how = "a line per seed" if x == "seconds" else "mean over seeds, band = min..max"
+        curve_ax.set_title(f"{name + ': ' if name else ''}val loss, {how}" + ("" if spans[-1] else "\nno results yet"),
+                           fontsize=9)
         note = _finals(final_ax, settings, colours, labels, unigram)
         in_bpc = _in_bpc(settings)
+        bits.append(in_bpc)
         if in_bpc:
-            bpc_axis(curve_ax)
             bpc_axis(final_ax)
         final_ax.set_title(f"{name + ': ' if name else ''}final val loss, a point per seed, bar = mean"
                            + (f"\n{note}" if note else ""), fontsize=9)
@@ -200,14 +242,15 @@ def curves_figure(rows: list[dict]) -> Figure:
             past = ScaledTranslation(BPC_AXIS_IN * in_bpc, 0, fig.dpi_scale_trans)     # right of a bpc axis
             final_ax.legend(*curve_ax.get_legend_handles_labels(), fontsize=7, title=title, title_fontsize=7,
                             loc="upper left", bbox_to_anchor=(1.02, 1.0), bbox_transform=final_ax.transAxes + past)
+    _whole(list(grid[:, 0]), spans, unigram, bits)
     if option:
         fig.suptitle(f"one row per value of {option}, the option whose values' final losses differ most",
                      fontsize=10)
     return fig
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    curves_figure(rows).savefig(path, dpi=110)
+def plot(rows: list[dict], path: Path, x: str = "steps") -> None:
+    curves_figure(rows, x).savefig(path, dpi=110)
 
 
 DIAGNOSTICS = (("block_grad_norm", "gradient norm", True), ("block_update_ratio", "update / weight", True),

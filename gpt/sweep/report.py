@@ -14,7 +14,12 @@ from ..config_files import shown
 from ..config import TrainConfig, read_by, user_path
 from ..data import bpc
 from ..errors import UserError, say_error
-from .grid import DONE, NOT_COMPARED, SPEED, by_setting, counted
+from .comparisons import compute_section, crossings_text, size_section, tuning_section, within_level_rows, within_level_section
+from .compute import COLUMNS
+from .grid import DONE, NOT_COMPARED, SPEED, axis_names, by_setting, counted
+from .study_plots import has_size, plot_lr, plot_size, size_fits
+from .tune import plan, point_label
+from .stats import ALPHA, compare, finals, holm, matched, verdict, welch_p
 from .plots import plot, plot_diagnostics
 from .results import LEFT_OUT, collect
 from .status import main as follow
@@ -98,68 +103,47 @@ def ran_alike(rows: list[dict], axes) -> list[str]:
 
 
 
-# the family-wise error of a study's comparisons with its baseline, all together
-ALPHA = 0.05
-
-
-def welch_p(base: dict, s: dict) -> float:
-    """The two-sided p of Welch's t-test (unequal variances) of a setting's mean final loss
-    against the baseline's, from each one's mean, std (n - 1) and number of seeds (2 or more)."""
-    if s["std"] == 0 and base["std"] == 0:      # no spread at all: any difference is beyond it
-        return 0.0 if s["mean"] != base["mean"] else 1.0
-    from scipy import stats     # here: train.py imports this module, and SciPy takes a second to load
-    return float(stats.ttest_ind_from_stats(s["mean"], s["std"], s["n"], base["mean"], base["std"],
-                                            base["n"], equal_var=False).pvalue)
-
-
-def holm(ps: list[float]) -> list[float]:
-    """Holm–Bonferroni adjusted p-values: the smallest p times m, the next times m - 1 and so on,
-    each at least the one before it and at most 1. Those under ALPHA hold the chance of any false
-    'differs' among the m comparisons to ALPHA. (SciPy has no Holm; statsmodels, which has, is large.)"""
-    adjusted, highest = [1.0] * len(ps), 0.0
-    for rank, i in enumerate(sorted(range(len(ps)), key=ps.__getitem__)):
-        highest = max(highest, min(1.0, (len(ps) - rank) * ps[i]))
-        adjusted[i] = highest
-    return adjusted
-
-
 def versus(base: dict, s: dict, p: float | None = None) -> str:
     """A setting's mean final loss against the baseline's: better or worse where p, its
     Holm-adjusted p among the study's comparisons, is under ALPHA, else within noise. Without p,
     its own Welch p: a study of one comparison."""
-    diff = s["mean"] - base["mean"]
-    p = welch_p(base, s) if p is None else p
-    return f"{'worse' if diff > 0 else 'better'} by {abs(diff):.3f}" if p < ALPHA else f"within noise ({diff:+.3f})"
+    diff = s.get("diff", s["mean"] - base["mean"])
+    return verdict(diff, welch_p(base, s) if p is None else p)
 
 
 def summarize(rows: list[dict]) -> list[dict]:
     """One row per setting: final val loss mean and std over seeds, and how it compares with the
-    first setting (the baseline): Welch's p and its Holm-adjusted p where both have 2+ seeds."""
-    out = []
-    for label, group in by_setting(rows).items():
+    first setting (the baseline): the paired t-test over seeds where the runs of one seed train on
+    the same batches, else Welch's; a run that diverged counts at the unigram loss in the test.
+    The p of each and its Holm-adjusted p over the study's comparisons."""
+    out, groups = [], by_setting(rows)
+    for label, group in groups.items():
         ran = [r for r in group if r["status"] in DONE]
         finite = [r["final_val_loss"] for r in counted(group) if math.isfinite(r["final_val_loss"])]
-        out.append({"setting": label, "runs": len(ran), "diverged": sum(r["diverged"] for r in group),
-                    "failed": sum(r["status"] == "failed" for r in group),
+        diverged = sum(r["diverged"] for r in group)
+        out.append({"setting": label, "runs": len(ran), "diverged": diverged,
+                    "unstable": 0 < diverged < len(ran), "failed": sum(r["status"] == "failed" for r in group),
                     "left_out": sum(r["status"] == LEFT_OUT for r in group),
                     "per_character": any(r["per_character"] for r in group),
                     "mean": statistics.fmean(finite) if finite else math.nan,
                     "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
-                    "n": len(finite)})
+                    "n": len(finite), "_finals": finals(group), "_group": group,
+                    "tuned": group[0].get("_tuned", {})})
     base = out[0] if out else None
     tested = []
     for s in out:
         s["p"] = s["p_holm"] = math.nan
+        s["test"] = ""
         if s is base:
             s["vs_baseline"] = "baseline"
-        elif not s["n"]:
+        elif not s["n"] and not s["_finals"]:
             s["vs_baseline"] = "no result"
-        elif not base["n"]:
+        elif not base["n"] and not base["_finals"]:
             s["vs_baseline"] = "baseline has no result"
-        elif s["n"] < 2 or base["n"] < 2:
+        elif (c := compare(base["_finals"], s["_finals"], matched(base["_group"], s["_group"]))) is None:
             s["vs_baseline"] = "needs 2+ seeds"
         else:
-            s["p"] = welch_p(base, s)
+            s.update(p=c["p"], test=c["test"], diff=c["diff"], low=c["low"], high=c["high"])
             tested.append(s)
     # the study's comparisons are one family: its verdicts hold together at ALPHA
     for s, p in zip(tested, holm([s["p"] for s in tested])):
@@ -178,15 +162,17 @@ def summary_table(summary: list[dict]) -> str:
     """The settings' final val loss and, where a setting's runs are per character, its bits per
     character beside it (loss / ln 2: the mean and std are the loss's over ln 2)."""
     in_bpc = any(s["per_character"] for s in summary)
-    head = ["setting", "runs", "final val loss (mean ± std)", *["final val bpc (mean ± std)"] * in_bpc,
-            "diverged", "vs baseline"]
+    tuned = any(s["tuned"] for s in summary)
+    head = ["setting", "runs", *["chosen value"] * tuned, "final val loss (mean ± std)",
+            *["final val bpc (mean ± std)"] * in_bpc, "diverged", "vs baseline"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summary:
         apart = [f"{s[key]} {key.replace('_', ' ')}" for key in ("failed", "left_out") if s[key]]
         runs = f"{s['runs']} ({', '.join(apart)})" if apart else str(s["runs"])
         bpc_cell = mean_std(bpc(s["mean"]), bpc(s["std"])) if s["per_character"] else "—"
-        cells = [s["setting"], runs, mean_std(s["mean"], s["std"]), *[bpc_cell] * in_bpc, s["diverged"],
-                 s["vs_baseline"]]
+        diverged = f"{s['diverged']} (unstable)" if s["unstable"] else s["diverged"]
+        cells = [s["setting"], runs, *[point_label(s["tuned"])] * tuned, mean_std(s["mean"], s["std"]),
+                 *[bpc_cell] * in_bpc, diverged, s["vs_baseline"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -195,11 +181,20 @@ def shown_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def interval(s: dict) -> str:
+    return f"{s['low']:+.3f} to {s['high']:+.3f}"
+
+
 def against_baseline(summary: list[dict]) -> str:
     """What 'worse' and 'better' mean, and each tested setting's difference from the baseline with
-    its Welch p and Holm-adjusted p."""
-    said = ("Baseline: the first setting. 'worse/better' means Welch's t-test (two-sided) over the seeds "
-            "finds the means differ; with one seed there is no noise estimate.")
+    its 95% confidence interval, the test that gave its p, and its Holm-adjusted p."""
+    said = ("Baseline: the first setting. 'worse/better' means a t-test (two-sided) over the seeds finds the "
+            "means differ: the paired one over the per-seed differences where runs of one seed train on the "
+            "same batches (the same seed, batch_size, block_size and gradient_accumulation_steps), else "
+            "Welch's; with one seed there is no noise estimate.")
+    if any(s["unstable"] for s in summary):
+        said += (" A setting marked unstable diverged on some seeds: its diverged runs count at the unigram "
+                 "loss in its test, so it is not judged on its survivors (its mean ± std is theirs alone).")
     tested = [s for s in summary if math.isfinite(s["p"])]
     if not tested:
         return said
@@ -208,8 +203,8 @@ def against_baseline(summary: list[dict]) -> str:
             else "1 comparison with the baseline is held")
     said += (f"\n\nThe {held} to a family-wise error of 5% (Holm–Bonferroni): a setting is 'worse' or 'better' "
              "only where its Holm-adjusted p is under 0.05.")
-    lines = ["| setting | difference | Welch's p | Holm-adjusted p |", "|---|---|---|---|"]
-    lines += [f"| {s['setting']} | {s['mean'] - summary[0]['mean']:+.3f} | {shown_p(s['p'])} "
+    lines = ["| setting | difference | 95% CI | test | p | Holm-adjusted p |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s['setting']} | {s['diff']:+.3f} | {interval(s)} | {s['test']} | {shown_p(s['p'])} "
               f"| {shown_p(s['p_holm'])} |" for s in tested]
     return said + "\n\n" + "\n".join(lines)
 
@@ -275,25 +270,19 @@ def runs_read(rows: list[dict]) -> str:
             + "; ".join(f"{r['_folder'].name} ({r['_left_out']})" for r in left_out) + ".")
 
 
-def report(out_dir: Path) -> str:
-    """Write sweep.csv, summary.md, curves.png and diagnostics.png into out_dir; print and
-    return the summary table."""
-    out_dir = Path(out_dir)
-    sweep, rows = collect(out_dir)
-    in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
-    columns = [*sweep["axes"], "seed", "final_train_loss", "final_val_loss", "best_val_loss", *in_bits,
-               "tokens_per_sec", "elapsed_s", "diverged", "status", "code", "ran_as"]
-    summary = summarize(rows)
-    table = summary_table(summary) + "\n\n" + runs_read(rows)
-    odd = odd_runs(rows, sweep["axes"])
+def notes(rows: list[dict], axes: list[str]) -> str:
+    """What the table's reader should know of the runs: odd settings, speeds that do not compare,
+    settings that ran alike, failed runs, a partial sweep, runs of older code."""
+    table = runs_read(rows)
+    odd = odd_runs(rows, axes)
     if odd:
         table += ("\n\nRuns whose settings differ from the rest of the sweep beyond its axes, averaged "
                   "in above: " + "; ".join(odd) + ".")
-    slower = odd_runs(rows, sweep["axes"], SPEED)
+    slower = odd_runs(rows, axes, SPEED)
     if slower:
         table += ("\n\nRuns that ran with other speed settings than the rest, so their tokens/s in "
                   "sweep.csv does not compare alike: " + "; ".join(slower) + ".")
-    alike = ran_alike(rows, sweep["axes"])
+    alike = ran_alike(rows, axes)
     if alike:
         table += ("\n\nSettings whose runs all ran the same way (sweep.csv's ran_as), so what tells "
                   "them apart is noise: " + "; ".join(alike) + ".")
@@ -301,33 +290,80 @@ def report(out_dir: Path) -> str:
     if failed:      # named within the sweep's folder, so summary.md reads the same from anywhere
         table += (f"\n\nFailed, so in no mean or curve ({len(failed)}; what went wrong is in each "
                   f"log.txt, and the sweep's command tries them again): " + ", ".join(failed) + ".")
-    missing = [r for r in rows if r["status"] == "not run"]
-    if missing:     # a sweep whose jobs still run: its means are of the runs ended so far
-        table = (f"Partial: {len(rows) - len(missing)} of {len(rows)} runs have a result; {len(missing)} are "
-                 "queued, running or not started yet.\n\n" + table)
     older = sum(r["status"] in DONE and r["code"] != checkpoint.code_version() for r in rows)
     if older:
         table += (f"\n\n{older} of these runs were trained, in whole or in part, by other code than "
                   f"the present ({checkpoint.code_version()}): see the code column of sweep.csv.")
+    return table
+
+
+def partial(rows: list[dict], tunings: list) -> str:
+    """A line for a sweep not yet whole: runs without a result, settings still tuning."""
+    said = ""
+    missing = [r for r in rows if r["status"] == "not run"]
+    if missing:     # a sweep whose jobs still run: its means are of the runs ended so far
+        said = (f"Partial: {len(rows) - len(missing)} of {len(rows)} runs have a result; {len(missing)} are "
+                "queued, running or not started yet.\n\n")
+    tuning = sum(t.chosen is None for t in tunings)
+    if tuning:
+        said += (f"Partial: {tuning} of {len(tunings)} settings are still tuning, so they are not in the "
+                 "tables yet; the sweep's command trains the rest.\n\n")
+    return said
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def report(out_dir: Path, x: str = "steps") -> str:
+    """Write sweep.csv, summary.md, curves.png (val loss against x: steps, flops or seconds) and
+    diagnostics.png into out_dir, and for a tuned sweep tuning.csv and lr.png, for a sweep with a
+    size axis size.png; print and return the summary table."""
+    out_dir = Path(out_dir)
+    sweep, every = collect(out_dir)
+    rows = [r for r in every if r["_stage"] == "confirm"]
+    tuning_rows = [r for r in every if r["_stage"] == "tune"]
+    tunings = plan(sweep, out_dir).tunings
+    names = axis_names(sweep["axes"])
+    in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
+    columns = [*names, *sweep.get("tune", {}), "seed", "final_train_loss", "final_val_loss", "best_val_loss",
+               *in_bits, "tokens_per_sec", "elapsed_s", *COLUMNS, "diverged", "status", "code", "ran_as"]
+    summary = summarize(rows)
+    table = partial(rows, tunings) + summary_table(summary) + "\n\n" + notes(rows, [*names, *sweep.get("tune", {})])
+    levels = within_level_rows(sweep["axes"], summary)
+    sections = {"Tuning": tuning_section(sweep, tunings, tuning_rows),
+                "Within each level": within_level_section(sweep["axes"], levels),
+                "Across sizes": size_section(sweep["axes"], levels) + (crossings_text(size_fits(sweep["axes"], summary)[2])
+                                                                      if has_size(sweep["axes"]) else ""),
+                "At equal compute": compute_section(summary),
+                "Steps to the baseline's loss": steps_to_baseline(rows),
+                "Diagnostics at the final evaluation": diagnostics_table(rows)}
+    figures = ["curves.png", "diagnostics.png", *["lr.png"] * bool(tunings), *["size.png"] * has_size(sweep["axes"])]
     try:
-        with open(out_dir / "sweep.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(out_dir / "sweep.csv", rows, columns)
+        if tunings:
+            write_csv(out_dir / "tuning.csv", tuning_rows, columns)
         (out_dir / "summary.md").write_text(
             f"# Sweep {out_dir.name}\n\n`{sweep['command']}`\n\n{table}\n\n{against_baseline(summary)}\n\n"
-            + (f"## Steps to the baseline's loss\n\n{reach}\n\n" if (reach := steps_to_baseline(rows)) else "")
-            + f"## Diagnostics at the final evaluation\n\n{diagnostics_table(rows)}\n", encoding="utf-8")
-        plot(rows, out_dir / "curves.png")
+            + "".join(f"## {title}\n\n{text}\n\n" for title, text in sections.items()
+                      if text or title.startswith("Diagnostics")).removesuffix("\n"), encoding="utf-8")
+        plot(rows, out_dir / "curves.png", x)
         plot_diagnostics(rows, out_dir / "diagnostics.png")
+        if tunings:
+            plot_lr(sweep, tunings, tuning_rows, out_dir / "lr.png")
+        if has_size(sweep["axes"]):
+            plot_size(sweep["axes"], summary, out_dir / "size.png")
     except OSError as e:    # a read-only copy, a full disk: the table is still worth printing
         print(table)
         where = e.filename or out_dir     # matplotlib's own errors may not name the file
         raise UserError(f"the report cannot be written to {where} ({e.strerror or e}); the table "
                         "is above") from None
     print(table)
-    print(f"\nwritten: {out_dir / 'summary.md'}, {out_dir / 'sweep.csv'}, {out_dir / 'curves.png'} and "
-          f"{out_dir / 'diagnostics.png'}")
+    written = ["summary.md", "sweep.csv", *["tuning.csv"] * bool(tunings), *figures]
+    print(f"\nwritten: {', '.join(str(out_dir / name) for name in written[:-1])} and {out_dir / written[-1]}")
     return table
 
 

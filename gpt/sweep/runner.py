@@ -12,17 +12,17 @@ import time
 from pathlib import Path
 
 from .. import checkpoint
-from ..config import REPO_ROOT, SweepConfig, TrainConfig, build
+from ..config import READ_BY_OPTIMIZERS, REPO_ROOT, SweepConfig, TrainConfig, build, read_by_optimizer
 from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
 from ..progress import duration
-from ..train.outcome import DIVERGED_EXIT, loss_text, run_status
+from ..train.outcome import DIVERGED_EXIT, PRUNED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
-from .grid import (DONE, SweepRun, changed_settings, check_grid, expand, final_eval, finished_by_checkpoint,
-                   read_json, run_threads, train_argv)
-from . import submit
+from .grid import (DONE, SweepRun, changed_settings, check_grid, count_runs, final_eval, finished_by_checkpoint,
+                   read_json, run_threads, settings_of, train_argv)
+from . import submit, tune
 from .report import report
 
 
@@ -72,14 +72,63 @@ def run(args, argv: list[str]) -> int:
             print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
                   f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
                   "batch_size)")
-    runs = expand(axes, sweep_cfg.seeds, base_seed, out_dir)
+    sweep = {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
+             "command": " ".join(["python", "train.py", *argv]),
+             **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
+             **({"tune": args.tune, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
+                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune} if args.tune else {})}
+    if args.tune:
+        tune.check_seeds(sweep)
+        _check_tuned_read(values, axes, args.tune)
+    count_runs(axes, sweep_cfg.seeds)
+    runs, final = _stage(tune.plan(sweep, out_dir))
+    run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+    for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
+        ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
+    with checkpoint.hold_folder(out_dir):
+        write_json(out_dir / "sweep.json", sweep)
+        while True:
+            todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
+            if sweep_cfg.launcher != "local":
+                code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
+            else:
+                code = _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, final)
+            if code or final or sweep_cfg.launcher == "slurm":
+                return code
+            runs, final = _stage(tune.plan(sweep, out_dir))
+            run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+
+
+def _check_tuned_read(values: dict, axes: dict, grids: dict) -> None:
+    """Refuse a tuned option that no run's optimizer reads: its grid points would train alike."""
+    optimizers = [s["optimizer"] for s in settings_of(axes) if "optimizer" in s] or \
+        [values.get("optimizer", TrainConfig.optimizer)]
+    for name in grids:
+        if not any(read_by_optimizer(o, name) for o in optimizers):
+            raise UserError(f"--tune {name}: optimizer={','.join(sorted(set(optimizers)))} does not read it, so "
+                            f"its grid would train alike; only {', '.join(READ_BY_OPTIMIZERS[name])} reads it: "
+                            "set --optimizer to it, or sweep optimizer too")
+
+
+def _stage(current: tune.Plan) -> tuple[list[SweepRun], bool]:
+    """The runs to have now, and whether they are the last: a tuned sweep's tuning runs so far with
+    the confirmation runs of the settings already chosen, until every setting is."""
+    return current.tuning_runs + current.confirm_runs, current.chosen_all
+
+
+def _checked(values: dict, sweep_cfg: SweepConfig, runs: list[SweepRun], out_dir: Path):
+    """Each run's configs, once the grid is valid and every run kept was trained as it would be now."""
     run_cfgs = check_grid(values, runs, run_threads(sweep_cfg.jobs))
     ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
     for r, (model_cfg, train_cfg), end in zip(runs, run_cfgs, ended):
         kept = end or (r.folder / "ckpt.pt").exists()   # else it starts afresh, keeping nothing
         changed = changed_settings(r, model_cfg, train_cfg) if kept else []
         if changed:
-            raise UserError(f"{out_dir} holds runs trained with other settings ({r.folder.name}: "
+            raise UserError(f"{out_dir} holds runs trained with other settings ({r.name}: "
                             f"{'; '.join(changed)}); use another --out_dir, or the same settings "
                             "to continue it")
     older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
@@ -88,21 +137,7 @@ def run(args, argv: list[str]) -> int:
         print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
               "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
               "marks them; delete a run's folder to train it again")
-    for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
-        ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    with checkpoint.hold_folder(out_dir):
-        write_json(out_dir / "sweep.json",
-                   {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
-                    "command": " ".join(["python", "train.py", *argv]),
-                    **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {})})
-        todo = _unfinished(runs, run_cfgs, ended)
-        if sweep_cfg.launcher != "local":
-            return submit.launch(values, sweep_cfg, todo, len(runs), out_dir)
-        return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir)
+    return run_cfgs
 
 
 def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple[SweepRun, int]]:
@@ -118,8 +153,12 @@ def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple
     return todo
 
 
-def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path) -> int:
-    print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)} ({len(runs) - len(todo)} already finished), "
+def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path,
+              final: bool = True) -> int:
+    """Run todo, jobs at a time; once all have ended and these are the sweep's last, the report."""
+    tuning = sum(r.stage == "tune" for r in runs)
+    stage = f" ({tuning} tuning, {len(runs) - tuning} at each setting's chosen value)" if tuning else ""
+    print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)}{stage} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)
     running: dict[subprocess.Popen, tuple[SweepRun, float, object]] = {}
@@ -137,7 +176,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                     log = open(r.folder / "log.txt", "a")
                 except OSError as e:    # a full disk, a file put where the folder goes meanwhile
                     stopped = "; the runs under way were stopped and saved" if running else ""
-                    _stop(running, done, len(runs), f"cannot start {r.folder.name} ({e.strerror or e})")
+                    _stop(running, done, len(runs), f"cannot start {r.name} ({e.strerror or e})")
                     raise UserError(f"cannot start the run in {r.folder} ({e.strerror or e}){stopped}: fix "
                                     "it, and run the same command again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
@@ -146,7 +185,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                                         stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                         start_new_session=True, env=env)
                 running[proc] = (r, time.time(), log)
-                print(f"[{done}/{len(runs)} done] started {r.folder.name} "
+                print(f"[{done}/{len(runs)} done] started {r.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
@@ -160,8 +199,9 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    report(out_dir)
     failed = [r for r in runs if not _done(r.folder)]
+    if final or failed:
+        report(out_dir)
     if failed:
         print(f"{len(failed)} of {len(runs)} runs failed (see log.txt in their folders, e.g. "
               f"{failed[0].folder / 'log.txt'}); run the same command again to retry them",
@@ -186,7 +226,7 @@ def _stop(running: dict, done: int, total: int, why: str) -> None:
         proc.terminate()          # each run saves a checkpoint; the next start resumes it
     for proc, entry in running.items():
         code = proc.wait()
-        if code in (0, DIVERGED_EXIT):      # it had ended just before the stop
+        if code in (0, DIVERGED_EXIT, PRUNED_EXIT):      # it had ended just before the stop
             done += 1
             _record(entry, code, done, total)
 
@@ -214,7 +254,7 @@ def _record(entry, returncode: int, done: int, total: int, walls: list[float] | 
         walls.append(result["wall_s"])
         if done < total:
             left = f", {duration(sum(walls) / len(walls) * math.ceil((total - done) / jobs))} left"
-    print(f"[{done}/{total} done{left}] {run.folder.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
+    print(f"[{done}/{total} done{left}] {run.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)
 
 

@@ -10,8 +10,9 @@ from .. import checkpoint
 from ..config import user_path
 from ..errors import UserError, say_error
 from . import submitted
-from .grid import DONE, expand, read_json
-from .results import collect
+from .grid import DONE, read_json
+from .results import collect, read_sweep
+from .tune import plan
 
 
 def last_line(folder: Path) -> str:
@@ -44,20 +45,38 @@ def standing(out_dir: Path) -> dict[str, list[str]]:
     found = submitted.states(submitted.read(out_dir))
     at_work = sweep_process_in(out_dir)
     groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
-    for r in expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], out_dir):
+    current = plan(sweep, out_dir)
+    for r in current.tuning_runs + current.confirm_runs:
         path = r.folder / "result.json"
         status = read_json(path).get("status") if path.exists() else None
-        job = found.get(r.folder.name)
+        job = found.get(r.name)
         key = ("done" if status in DONE else "failed" if status else job if job in ("running", "queued")
                else "under way" if at_work and not job
                else "stopped" if (r.folder / "ckpt.pt").exists() else "failed" if job else "not submitted")
-        groups[key].append(r.folder.name)
+        groups[key].append(r.name)
     return groups
+
+
+def tuning_line(out_dir: Path) -> str | None:
+    """For a tuned sweep: how many settings have their value chosen, and what starts the rest."""
+    sweep = read_sweep(out_dir)
+    if not sweep.get("tune"):
+        return None
+    tunings = plan(sweep, out_dir).tunings
+    chosen = sum(t.chosen is not None for t in tunings)
+    if chosen == len(tunings):
+        return f"tuning: every setting's value is chosen ({chosen})"
+    return (f"tuning: {chosen} of {len(tunings)} settings have their value chosen; once the tuning runs "
+            "below end, the sweep's command starts the next ones (more grid points, or the runs at the "
+            "chosen values)")
 
 
 def status(out_dir: Path) -> int:
     """Print the runs by where they stand; 0 while some are queued, running or under way, 1 once none is."""
     groups = standing(out_dir)
+    line = tuning_line(out_dir)
+    if line:
+        print(line)
     print(", ".join(f"{len(names)} {key}" for key, names in groups.items() if names or key not in SOMETIMES))
     for key in ("running", "queued", "under way", "not submitted"):
         for name in groups[key]:

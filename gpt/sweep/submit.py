@@ -36,18 +36,23 @@ def check_options(args, launcher: str) -> None:
                         "give --launcher=slurm, or leave it out")
 
 
-def launch(values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], total: int, out_dir: Path) -> int:
+def launch(values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], total: int, out_dir: Path,
+           final: bool = True) -> int:
     """Submit the runs in todo (with their max_iters) that no job holds yet. Slurm: return at once;
-    submitit_local: wait for them, --jobs at a time, then write the report."""
-    waiting = submitted.pending(out_dir, [r.folder.name for r, _ in todo])
-    todo = [(r, n) for r, n in todo if r.folder.name not in waiting]
+    submitit_local: wait for them, --jobs at a time, then write the report if they are the sweep's
+    last (not: a tuned sweep whose settings are not all chosen yet)."""
+    waiting = submitted.pending(out_dir, [r.name for r, _ in todo])
+    todo = [(r, n) for r, n in todo if r.name not in waiting]
     print(f"sweep: {total} run{'s' * (total != 1)} ({total - len(todo) - len(waiting)} already finished, "
           f"{len(waiting)} queued or running), {len(todo)} to submit ({cfg.launcher}), in {out_dir}")
     executor = make_executor(cfg, out_dir)
     if cfg.launcher == "submitit_local":
-        return _wait_locally(executor, values, cfg.jobs, todo, out_dir)
+        return _wait_locally(executor, values, cfg.jobs, todo, out_dir, final)
     if todo:
         _submit_array(executor, values, cfg, todo, out_dir)
+    if not final:
+        print("tuning: once these runs end, run the same command again: it chooses each setting's value, "
+              "and submits the grid's next points or the runs at the chosen values (status says when)")
     _say_how_to_follow(out_dir)
     return 0
 
@@ -116,7 +121,7 @@ def _submit(executor, values: dict, threads: int, todo: list[tuple[SweepRun, int
 
 def _submit_array(executor, values: dict, cfg: SweepConfig, todo: list[tuple[SweepRun, int]], out_dir: Path) -> None:
     jobs = _submit(executor, values, cfg.slurm_cpus, todo)
-    submitted.note(out_dir, "slurm", executor.folder, {r.folder.name: job.job_id for (r, _), job in zip(todo, jobs)})
+    submitted.note(out_dir, "slurm", executor.folder, {r.name: job.job_id for (r, _), job in zip(todo, jobs)})
     array = jobs[0].job_id.split("_")[0]
     print(f"submitted {len(jobs)} run{'s' * (len(jobs) != 1)} as Slurm job {array} ({cfg.jobs} at a time); "
           f"each run's log is {out_dir}/<run>/log.txt, submitit's {executor.folder}/{array}_*_log.out")
@@ -128,19 +133,20 @@ def _say_how_to_follow(out_dir: Path) -> None:
           f"cancel: python -m gpt.sweep cancel {out_dir}")
 
 
-def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, int]], out_dir: Path) -> int:
+def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, int]], out_dir: Path,
+                  final: bool) -> int:
     """submitit's local jobs, --jobs at a time; Ctrl-C or SIGTERM stops them, and each run saves."""
-    submitted.note(out_dir, "submitit_local", executor.folder, {r.folder.name: None for r, _ in todo}, os.getpid())
+    submitted.note(out_dir, "submitit_local", executor.folder, {r.name: None for r, _ in todo}, os.getpid())
     running, threads, runs = {}, run_threads(jobs), [r for r, _ in todo]
     previous = catch_signals(raise_on_signal)
     try:
         while todo or running:
             while todo and len(running) < jobs:
                 r, n = todo.pop(0)
-                running[r.folder.name] = (r, _submit(executor, values, threads, [(r, n)])[0])
+                running[r.name] = (r, _submit(executor, values, threads, [(r, n)])[0])
                 submitted.note(out_dir, "submitit_local", executor.folder,
-                               {r.folder.name: running[r.folder.name][1].job_id}, os.getpid())
-                print(f"started {r.folder.name} as local job {running[r.folder.name][1].job_id}", flush=True)
+                               {r.name: running[r.name][1].job_id}, os.getpid())
+                print(f"started {r.name} as local job {running[r.name][1].job_id}", flush=True)
             time.sleep(0.5)
             for name in [name for name, (_, job) in running.items() if job.done()]:
                 _said_ended(running.pop(name)[0])
@@ -154,8 +160,9 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
             signal.signal(sig, handler)
         record = submitted.read(out_dir)
         submitted.write(out_dir, {**record, "submitter": None})
-    report(out_dir)
     failed = [r for r in runs if _status(r.folder) not in DONE]
+    if final or failed:
+        report(out_dir)
     if failed:
         print(f"{len(failed)} of {len(runs)} runs did not finish (see log.txt in their folders, e.g. "
               f"{failed[0].folder / 'log.txt'}); run the same command again to retry them", file=sys.stderr)
@@ -170,4 +177,4 @@ def _status(folder: Path) -> str:
 def _said_ended(run: SweepRun) -> None:
     final = final_eval(run.folder)
     val = f"val loss {final['val_loss']:.4f} at iteration {final['iter']}" if final else "no evaluation"
-    print(f"{run.folder.name}: {_status(run.folder)}, {val}", flush=True)
+    print(f"{run.name}: {_status(run.folder)}, {val}", flush=True)

@@ -83,7 +83,7 @@ def cpu_recipe(dataset: str, vocab_size: int) -> tuple[str, int]:
 
 def cpu_recipe_seconds(device: str, name: str = CPU_RECIPE, vocab_size: int = CPU_RECIPE_VOCAB) -> float:
     """A CPU recipe's time here, from its model timed on one batch of zeros."""
-    values, _ = read_config_file(name)
+    values, _, _ = read_config_file(name)
     model_cfg, cfg = build(GPTConfig, {**values, "vocab_size": vocab_size}), build(TrainConfig, values)
     with torch.random.fork_rng(devices=[]):     # its initial weights draw nothing from the run's stream
         model = GPT(model_cfg)

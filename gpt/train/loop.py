@@ -40,15 +40,20 @@ class Diverged(UserError):
     """The loss or the gradient became nan or inf."""
 
 
+class Hopeless(UserError):
+    """stop_hopeless: after warmup, an evaluation's val loss was above the unigram level."""
+
+
 def lr_at(it: int, cfg: TrainConfig) -> float:
     """Linear warmup over the first warmup_iters steps (step i uses (i + 1) / warmup_iters of
-    learning_rate), then lr_schedule's way down to min_lr at lr_decay_iters, then min_lr."""
+    learning_rate), then lr_schedule's way down to the floor (min_lr, or min_lr_ratio of the peak)
+    at lr_decay_iters, then the floor."""
     if it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / cfg.warmup_iters
     if cfg.lr_schedule == "constant":
         return cfg.learning_rate
     if it >= cfg.lr_decay_iters:
-        return cfg.min_lr
+        return cfg.final_lr
     progress = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)    # config: > 0
     if cfg.lr_schedule == "cosine":
         share = 0.5 * (1.0 + math.cos(math.pi * progress))
@@ -56,7 +61,7 @@ def lr_at(it: int, cfg: TrainConfig) -> float:
         share = 1.0 - progress
     else:       # wsd: flat at learning_rate until the cooldown, then linear down to min_lr
         share = min(1.0, (1.0 - progress) / cfg.cooldown_frac)
-    return cfg.min_lr + share * (cfg.learning_rate - cfg.min_lr)
+    return cfg.final_lr + share * (cfg.learning_rate - cfg.final_lr)
 
 
 def dropout_seed(seed: int, micro_batch: int) -> int:
@@ -252,6 +257,9 @@ class Loop:
                 run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite evaluation"})
             if not cfg.skip_nonfinite:
                 raise self.diverged(f"the evaluation loss became {row['val_loss']}", it)
+        elif cfg.stop_hopeless and it >= max(cfg.warmup_iters, 1) and row["val_loss"] > run.unigram:
+            raise Hopeless(f"val loss {row['val_loss']:.4f} at iteration {it} is above the unigram level "
+                           f"{run.unigram:.4f} after warmup; stopped (stop_hopeless)")
         elif run.master:
             improved = row["val_loss"] < at.best_val
             if improved:

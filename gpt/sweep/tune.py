@@ -1,0 +1,175 @@
+"""Tuning per setting: each setting's grid trained on tuning seeds, its best value chosen (the grid
+extended where the best sits at an edge), then the confirmation runs at that value.
+
+Everything here follows from sweep.json and the run folders' results, so a sweep started again,
+its status and its report all see the same plan: tuning runs ended are reused, and a grid given
+more values reuses the points it already holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import read_by_optimizer
+from ..errors import UserError
+from .grid import DONE, SweepRun, expand, final_eval, read_json, run_folder, settings_of
+
+TUNE_DIR = "tune"       # the tuning runs' folders, apart from the confirmation runs
+SEED_OFFSET = 1000      # the first tuning seed by default: seed + this
+
+
+def tuning_seeds(sweep: dict) -> list[int]:
+    first = sweep["tune_seed"] if sweep.get("tune_seed", -1) != -1 else sweep["base_seed"] + SEED_OFFSET
+    return list(range(first, first + sweep.get("tune_seeds", 1)))
+
+
+def check_seeds(sweep: dict) -> None:
+    """Refuse tuning seeds that are also confirmation seeds (the runs that chose a value would then
+    judge it) or that leave seed's range."""
+    tuning, base = tuning_seeds(sweep), sweep["base_seed"]
+    confirm = range(base, base + sweep["seeds"])
+    if tuning[-1] >= 2 ** 32:
+        raise UserError(f"the tuning seeds would run to {tuning[-1]}, past 2**32 - 1; give a lower --tune_seed")
+    both = sorted(set(tuning) & set(confirm))
+    if both:
+        raise UserError(f"the tuning seeds {tuning[0]}..{tuning[-1]} overlap the confirmation seeds "
+                        f"{confirm[0]}..{confirm[-1]} (at {both[0]}): a value would be judged on the runs that "
+                        f"chose it; give --tune_seed={confirm[-1] + 1} or higher")
+
+
+def step_beyond(values: list, low: bool):
+    """One grid step past the low or the high end of sorted values: the factor between the two values
+    at that end where all are positive (a log grid), else their difference. Whole numbers stay
+    whole; floats keep 3 significant digits."""
+    end, next_in = (values[0], values[1]) if low else (values[-1], values[-2])
+    new = end * end / next_in if all(v > 0 for v in values) else end + (end - next_in)
+    if isinstance(end, int):
+        new = round(new)
+        return new if new not in values and (new > 0 or not all(v > 0 for v in values)) else None
+    return float(f"{new:.3g}")
+
+
+def point_label(point: dict) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in point.items()) if point else "—"
+
+
+@dataclass
+class Tuning:
+    """One setting's tuning: its grid points (the given grid, then extensions), each point's final
+    val loss per tuning seed (inf: diverged or pruned; None: not ended), and the chosen point once
+    every point has ended."""
+    setting: dict
+    names: list[str]
+    base: list[dict]
+    points: list[dict]
+    losses: list[list[float | None]]
+    extended: dict = field(default_factory=dict)      # (name, "low" | "high") -> grid steps added
+    chosen: dict | None = None
+
+    def mean(self, i: int) -> float:
+        """Point i's mean loss over its tuning seeds; a diverged seed makes it the worst, inf."""
+        ended = self.losses[i]
+        return math.inf if any(v == math.inf for v in ended) else statistics.fmean(ended)
+
+    def where(self, name: str, limit: int) -> str:
+        """Where the chosen value of `name` sits in the values tried: inside, or at an edge, and
+        whether the edge was extended, up to its limit."""
+        values = sorted({p[name] for p in self.points})
+        v = self.chosen[name]
+        if values[0] < v < values[-1]:
+            steps = sum(self.extended.get((name, side), 0) for side in ("low", "high"))
+            return f"inside{f' (grid extended by {steps})' if steps else ''}"
+        side = "low" if v == values[0] else "high"
+        added = self.extended.get((name, side), 0)
+        if added >= limit:
+            return f"at the {side} edge after {added} extension{'s' * (added != 1)}: the best may lie beyond"
+        return f"at the {side} edge"
+
+
+def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds: list[int], extend: int,
+                 loss_at) -> Tuning:
+    """A setting's tuning as far as its results go: loss_at(point, seed) is a run's final loss (inf
+    if it diverged or was pruned) or None if it has not ended. The grid grows by one step past an
+    edge where the best point sits, up to `extend` steps per edge, and the choice is made once
+    every point has ended; on equal losses the first point in the grid wins."""
+    if not names:       # it reads no tuned option (muon_lr under AdamW): nothing to choose
+        return Tuning(setting, names, [], [], [], chosen={})
+    base = [dict(zip(names, values)) for values in itertools.product(*(grids[n] for n in names))]
+    t = Tuning(setting, names, base, list(base), [])
+    while True:
+        t.losses = [[loss_at(p, s) for s in seeds] for p in t.points]
+        if any(v is None for ended in t.losses for v in ended):
+            return t
+        best = t.points[min(range(len(t.points)), key=lambda i: (t.mean(i), i))]
+        added = False
+        for name in names:
+            values = sorted({p[name] for p in t.points})
+            for side, edge in (("low", values[0]), ("high", values[-1])):
+                if best[name] != edge or t.extended.get((name, side), 0) >= extend:
+                    continue
+                new = step_beyond(values, side == "low")
+                if new is None or new in values:
+                    continue
+                t.points.append({**best, name: new})
+                t.extended[(name, side)] = t.extended.get((name, side), 0) + 1
+                added = True
+        if not added:
+            t.chosen = best
+            return t
+
+
+def ended_loss(folder: Path) -> float | None:
+    """A tuning run's final val loss for the choice: inf where it diverged or was pruned, None where
+    it has not ended (or failed, so the sweep tries it again)."""
+    path = folder / "result.json"
+    status = read_json(path).get("status") if path.exists() else None
+    if status not in DONE:
+        return None
+    if status != "finished":
+        return math.inf
+    final = final_eval(folder)
+    loss = final["val_loss"] if final else math.nan
+    return loss if math.isfinite(loss) else math.inf
+
+
+@dataclass
+class Plan:
+    """The runs a sweep needs now: for a tuned sweep, each setting's tuning runs so far and the
+    confirmation runs of the settings whose value is chosen; otherwise its runs."""
+    tunings: list[Tuning]
+    tuning_runs: list[SweepRun]
+    confirm_runs: list[SweepRun]
+
+    @property
+    def chosen_all(self) -> bool:
+        return all(t.chosen is not None for t in self.tunings)
+
+
+def tuned_names(sweep: dict, setting: dict) -> list[str]:
+    """The tuned options this setting reads: under AdamW, a muon_* option is not."""
+    return [n for n in sweep["tune"] if "optimizer" not in setting or read_by_optimizer(setting["optimizer"], n)]
+
+
+def plan(sweep: dict, out_dir: Path) -> Plan:
+    """The sweep's runs as its description (sweep.json) and its run folders' results give them."""
+    out_dir = Path(out_dir)
+    if not sweep.get("tune"):
+        return Plan([], [], expand(sweep["axes"], sweep["seeds"], sweep["base_seed"], out_dir))
+    seeds = tuning_seeds(sweep)
+    tunings, tuning_runs, confirm_runs = [], [], []
+    for setting in settings_of(sweep["axes"]):
+        def folder(point: dict, seed: int, setting=setting) -> Path:
+            return run_folder(out_dir / TUNE_DIR, setting, seed, point)
+        t = tune_setting(setting, tuned_names(sweep, setting), sweep["tune"], seeds, sweep.get("tune_extend", 2),
+                         lambda point, seed: ended_loss(folder(point, seed)))
+        tunings.append(t)
+        extra = {"stop_hopeless": True} if sweep.get("tune_prune") else {}
+        tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune", extra) for p in t.points for s in seeds]
+        if t.chosen is not None:
+            confirm_runs += [SweepRun(setting, seed, run_folder(out_dir, setting, seed, t.chosen), dict(t.chosen))
+                             for seed in range(sweep["base_seed"], sweep["base_seed"] + sweep["seeds"])]
+    return Plan(tunings, tuning_runs, confirm_runs)
