@@ -111,3 +111,120 @@ def test_the_summary_says_how_many_comparisons_share_the_five_percent(tmp_path, 
             f"| n_layer=4 | {d[3]} | {ci[3]} | Welch | 0.030 | 0.060 |\n") in summary
     assert f"| n_layer=3 | 3 | {2.0 + float(d[2]):.3f} ± 0.010 | 0 | within noise ({d[2]}) |" in summary
     assert "| n_layer=2 | 3 |" in summary and f"| worse by {float(d[1]):.3f} |" in summary
+
+
+def test_runs_matched_by_seed_are_compared_by_their_per_seed_differences():
+    from gpt.sweep import stats as st
+    base = {0: 2.00, 1: 2.10, 2: 1.90, 3: 2.05}
+    other = {0: 2.02, 1: 2.13, 2: 1.91, 3: 2.08}      # 0.02 to 0.03 above, seed by seed
+    c = st.compare(base, other, paired=True)
+    diffs = [other[s] - base[s] for s in base]
+    t = stats.ttest_rel(list(other.values()), list(base.values()))
+    half = stats.t.ppf(0.975, 3) * statistics.stdev(diffs) / 2
+    assert c["test"] == "paired" and c["p"] == pytest.approx(t.pvalue)
+    assert (c["low"], c["high"]) == pytest.approx((statistics.fmean(diffs) - half, statistics.fmean(diffs) + half))
+    # unpaired, the seeds' spread (0.1) hides the same shift
+    welch = st.compare(base, other, paired=False)
+    assert welch["test"] == "Welch" and c["p"] < 0.05 < 0.5 < welch["p"]
+    assert welch["p"] == pytest.approx(stats.ttest_ind(list(other.values()), list(base.values()),
+                                                       equal_var=False).pvalue)
+    # seeds that do not match are left out of the pairs; fewer than two pairs fall back on Welch
+    assert st.compare(base, {0: 2.02, 7: 2.2, 8: 2.1}, paired=True)["test"] == "Welch"
+    assert st.compare({0: 2.0}, {0: 2.1}, paired=True) is None
+
+
+def test_a_setting_that_diverged_on_a_seed_is_marked_unstable_and_counted_at_the_unigram_loss():
+    def run(label, seed, loss, diverged=False):
+        return {"_setting": label, "seed": seed, "final_val_loss": math.nan if diverged else loss,
+                "status": "diverged" if diverged else "finished", "diverged": diverged, "per_character": False,
+                "_config": {"batch_size": 16}, "_evals": [{"iter": 0, "val_loss": 4.2, "unigram_loss": 3.3}]}
+    rows = [run("base", s, 2.0 + 0.01 * s) for s in range(3)]
+    rows += [run("fragile", 0, 1.95), run("fragile", 1, 1.96), run("fragile", 2, 0, diverged=True)]
+    summary = report.summarize(rows)
+    fragile = summary[1]
+    assert fragile["unstable"] and fragile["n"] == 2 and fragile["mean"] == pytest.approx(1.955)
+    # judged with its third seed at 3.3, not on its two survivors (which alone look better)
+    assert fragile["_finals"] == {0: 1.95, 1: 1.96, 2: 3.3} and fragile["diff"] > 0
+    assert "(unstable)" in report.summary_table(summary)
+
+
+def test_a_nan_p_counts_last_in_holm_and_moves_no_other():
+    from gpt.sweep import stats as st
+    assert st.holm([0.01, math.nan, 0.02]) == pytest.approx([0.03, 1.0, 0.04])
+    assert st.holm([math.nan, 0.01]) == pytest.approx([1.0, 0.02])
+
+
+def test_a_two_axis_study_compares_each_axis_within_each_level_of_the_other():
+    from gpt.sweep import stats as st
+    axes = {"parallel": [False, True], "learning_rate": [1e-3, 1e-2]}
+    labels = {st.key_of({"parallel": p, "learning_rate": lr}): f"{p}/{lr}" for p in (False, True) for lr in (1e-3, 1e-2)}
+    assert st.within_levels(axes, labels) == [
+        ("parallel", "learning_rate=0.001", "False/0.001", "True/0.001"),
+        ("parallel", "learning_rate=0.01", "False/0.01", "True/0.01"),
+        ("learning_rate", "parallel=false", "False/0.001", "False/0.01"),
+        ("learning_rate", "parallel=true", "True/0.001", "True/0.01")]
+    # a linked axis is one factor; a setting the grid does not hold (muon_lr under AdamW) is skipped
+    del labels[st.key_of({"parallel": True, "learning_rate": 1e-2})]
+    assert len(st.within_levels(axes, labels)) == 2
+
+
+def test_lr_sensitivity_is_the_mean_of_the_capped_losses_over_the_grid_less_the_best():
+    from gpt.sweep import stats as st
+    # initial loss 4.2; a diverged point counts at it
+    assert st.lr_sensitivity([(1e-3, 2.3), (1e-2, 2.0), (1e-1, math.inf)], 4.2) == pytest.approx(
+        (2.3 + 2.0 + 4.2) / 3 - 2.0)
+    assert st.lr_sensitivity([(1e-3, 2.0), (1e-2, 2.0)], 4.2) == 0.0
+
+
+def test_the_loss_at_a_flops_budget_is_read_off_the_eval_curve():
+    from gpt.sweep import compute
+    row = {"_config": {"batch_size": 2, "block_size": 5}, "flops_per_token": 100.0,
+           "_evals": [{"iter": 0, "val_loss": 4.0, "elapsed_s": 0.0}, {"iter": 10, "val_loss": 3.0, "elapsed_s": 2.0},
+                      {"iter": 20, "val_loss": 2.0, "elapsed_s": 5.0}]}
+    points = compute.along(row, "flops")
+    assert points == [(0.0, 4.0), (10000.0, 3.0), (20000.0, 2.0)]     # iter x 10 tokens x 100 FLOPs
+    assert compute.loss_at(points, 15000.0) == pytest.approx(2.5)
+    assert compute.loss_at(points, 20000.0) == 2.0 and math.isnan(compute.loss_at(points, 25000.0))
+    assert compute.loss_at(compute.along(row, "seconds"), 3.5) == pytest.approx(2.5)
+    short = {**row, "_evals": row["_evals"][:2]}
+    assert compute.common_budget([row, short], "flops") == 10000.0
+
+
+def test_a_verdict_is_read_across_sizes():
+    from gpt.sweep import stats as st
+    assert st.size_trend([("64", "better"), ("128", "better")]) == "better at every size"
+    assert st.size_trend([("64", "better"), ("128", "worse")]) == "flips: better at 64, worse at 128"
+    assert st.size_trend([("64", "within noise"), ("128", "worse"), ("256", "worse")]) == \
+        "worse from 128 on (within noise below)"
+    assert st.size_trend([("64", "worse"), ("128", "within noise")]) == \
+        "depends on size: worse at 64, within noise at 128"
+    fit_a, fit_b = st.power_law([1e4, 1e5], [3.0, 2.0]), st.power_law([1e4, 1e5], [2.5, 2.2])
+    at = st.crossing(fit_a, fit_b)
+    assert math.exp(fit_a[0]) * at ** fit_a[1] == pytest.approx(math.exp(fit_b[0]) * at ** fit_b[1])
+    assert 1e4 < at < 1e5
+
+
+def sized_rows(ends: dict[tuple[int, str], list[float]]) -> list[dict]:
+    """Rows of a sweep over n_embd and pos_encoding with these final losses per seed."""
+    from gpt.sweep import grid
+    rows = []
+    for (width, pos), losses in ends.items():
+        setting = {"n_embd": width, "pos_encoding": pos}
+        for seed, loss in enumerate(losses):
+            rows.append({"_setting": grid.setting_label(setting), "_setting_values": setting, "seed": seed,
+                         "final_val_loss": loss, "status": "finished", "diverged": False, "per_character": False,
+                         "_config": {"batch_size": 16}, "_evals": [], "params": 1000.0 * width})
+    return rows
+
+
+def test_the_size_table_says_where_a_verdict_holds():
+    from gpt.sweep import comparisons
+    axes = {"n_embd": [64, 128], "pos_encoding": ["learned", "none"]}
+    rows = sized_rows({(64, "learned"): [2.00, 2.01, 2.02], (64, "none"): [2.005, 2.02, 2.02],
+                       (128, "learned"): [1.90, 1.91, 1.92], (128, "none"): [1.99, 2.00, 2.01]})
+    levels = comparisons.within_level_rows(axes, report.summarize(rows))
+    assert [(r["axis"], r["level"], r["test"]) for r in levels] == [
+        ("n_embd", "pos_encoding=learned", "paired"), ("n_embd", "pos_encoding=none", "paired"),
+        ("pos_encoding", "n_embd=64", "paired"), ("pos_encoding", "n_embd=128", "paired")]
+    table = comparisons.size_section(axes, levels)
+    assert "| pos_encoding | none | learned | — | worse from n_embd=128 on (within noise below) |" in table

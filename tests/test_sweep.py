@@ -408,7 +408,7 @@ def test_report_of_a_folder_that_is_not_a_sweep(tmp_path, capsys):
 @pytest.mark.parametrize("argv", [["--help"], ["report", "-h"], ["report", "DIR", "--help"]])
 def test_sweep_help_is_help(argv, capsys):
     assert report.main(argv) == 0
-    assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR\n")
+    assert capsys.readouterr().out.startswith("usage: python -m gpt.sweep report DIR [--x=steps|flops|seconds]\n")
 
 
 def test_a_sweeps_reader_of_a_runs_metrics_names_each_line_it_skips(tmp_path, capsys):

@@ -1,6 +1,6 @@
-"""The report's comparisons beyond the baseline table: each axis within each level of the others
-(the factorial reading), how its verdicts move with size, losses at equal compute and equal time,
-and a tuned sweep's choices with their LR sensitivity."""
+"""The report's tables beyond the one against the baseline: each axis within each level of the others
+(the factorial reading), how its verdicts move with size, losses at equal compute and equal time, a
+tuned sweep's choices with their LR sensitivity, the steps to the baseline's loss, and diagnostics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import statistics
 
 from .compute import along, common_budget, loss_at
-from .grid import counted, factors, setting_label
+from .grid import by_setting, counted, factors, setting_label
 from .stats import SIZES, compare, holm, key_of, lr_sensitivity, matched, size_trend, verdict, within_levels
 from .tune import Tuning, point_label
 
@@ -196,3 +196,50 @@ def sensitivity_text(t: Tuning, by_folder: dict) -> str:
         return "—"
     value = lr_sensitivity([(i, t.mean(i)) for i in base], statistics.fmean(initial))
     return f"{value:.3f}" if math.isfinite(value) else "—"
+
+
+def steps_to_baseline(rows: list[dict]) -> str:
+    """Per setting, the first evaluation at which each seed's run reaches the final val loss of the
+    baseline's run of the same seed: how many steps it takes to match the baseline (modded-nanogpt's
+    measure of an optimizer); '—' where it never does. Empty for a sweep of one setting."""
+    groups = list(by_setting(rows).values())
+    base = {r["seed"]: r for r in counted(groups[0]) if math.isfinite(r["final_val_loss"])} if groups else {}
+    lines = []
+    for group in groups[1:]:
+        cells = []
+        for r in counted(group):
+            if r["seed"] in base:
+                target = base[r["seed"]]["final_val_loss"]
+                cells.append(next((e["iter"] for e in r["_evals"] if e["val_loss"] <= target), None))
+        reached = [c for c in cells if c is not None]
+        mean = f"{statistics.fmean(reached):.0f}" if reached and len(reached) == len(cells) else "—"
+        lines.append(f"| {group[0]['_setting']} | {', '.join('—' if c is None else str(c) for c in cells) or '—'} "
+                     f"| {mean} |")
+    if not lines or not base:
+        return ""
+    ends = sorted({r["_evals"][-1]["iter"] for r in base.values() if r["_evals"]})
+    return ("| setting | step reaching the baseline's final val loss, per seed | mean |\n|---|---|---|\n"
+            + "\n".join(lines) + f"\n\nThe baseline ends at step {', '.join(map(str, ends))}; each run is "
+            "held to its own seed's baseline run, at its evaluations.")
+
+
+def diagnostics_table(rows: list[dict]) -> str:
+    """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
+    settings = {label: [r["_evals"][-1] for r in counted(group)
+                        if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
+                for label, group in by_setting(rows).items()}
+    settings = {label: finals for label, finals in settings.items() if finals}
+    lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
+             "| position similarity last | head entropy (mean, nats) |", "|---|---|---|---|---|---|"]
+    for label, finals in settings.items():
+        def mean(key, block):
+            values = [f[key][block] for f in finals if key in f]
+            return statistics.fmean(values) if values else math.nan
+        entropy = statistics.fmean(h for f in finals for layer in f["head_entropy"] for h in layer)
+        def fmt(value, spec):
+            return format(value, spec) if math.isfinite(value) else "—"
+        lines.append(f"| {label} | {fmt(mean('block_grad_norm', 0), '.2e')} / "
+                     f"{fmt(mean('block_grad_norm', -1), '.2e')} | {fmt(mean('block_update_ratio', 0), '.1e')}"
+                     f" / {fmt(mean('block_update_ratio', -1), '.1e')} | {fmt(mean('block_rms', -1), '.2f')} "
+                     f"| {fmt(mean('block_pos_sim', -1), '.2f')} | {entropy:.2f} |")
+    return "\n".join(lines) if settings else ""

@@ -14,12 +14,13 @@ from ..config_files import shown
 from ..config import TrainConfig, read_by, user_path
 from ..data import bpc
 from ..errors import UserError, say_error
-from .comparisons import compute_section, crossings_text, size_section, tuning_section, within_level_rows, within_level_section
+from .comparisons import (compute_section, crossings_text, diagnostics_table, size_section, steps_to_baseline,
+                          tuning_section, within_level_rows, within_level_section)
 from .compute import COLUMNS
 from .grid import DONE, NOT_COMPARED, SPEED, axis_names, by_setting, counted
 from .study_plots import has_size, plot_lr, plot_size, size_fits
 from .tune import plan, point_label
-from .stats import ALPHA, compare, finals, holm, matched, verdict, welch_p
+from .stats import compare, finals, holm, matched, verdict, welch_p
 from .plots import plot, plot_diagnostics
 from .results import LEFT_OUT, collect
 from .status import main as follow
@@ -209,53 +210,6 @@ def against_baseline(summary: list[dict]) -> str:
     return said + "\n\n" + "\n".join(lines)
 
 
-def steps_to_baseline(rows: list[dict]) -> str:
-    """Per setting, the first evaluation at which each seed's run reaches the final val loss of the
-    baseline's run of the same seed: how many steps it takes to match the baseline (modded-nanogpt's
-    measure of an optimizer); '—' where it never does. Empty for a sweep of one setting."""
-    groups = list(by_setting(rows).values())
-    base = {r["seed"]: r for r in counted(groups[0]) if math.isfinite(r["final_val_loss"])} if groups else {}
-    lines = []
-    for group in groups[1:]:
-        cells = []
-        for r in counted(group):
-            if r["seed"] in base:
-                target = base[r["seed"]]["final_val_loss"]
-                cells.append(next((e["iter"] for e in r["_evals"] if e["val_loss"] <= target), None))
-        reached = [c for c in cells if c is not None]
-        mean = f"{statistics.fmean(reached):.0f}" if reached and len(reached) == len(cells) else "—"
-        lines.append(f"| {group[0]['_setting']} | {', '.join('—' if c is None else str(c) for c in cells) or '—'} "
-                     f"| {mean} |")
-    if not lines or not base:
-        return ""
-    ends = sorted({r["_evals"][-1]["iter"] for r in base.values() if r["_evals"]})
-    return ("| setting | step reaching the baseline's final val loss, per seed | mean |\n|---|---|---|\n"
-            + "\n".join(lines) + f"\n\nThe baseline ends at step {', '.join(map(str, ends))}; each run is "
-            "held to its own seed's baseline run, at its evaluations.")
-
-
-def diagnostics_table(rows: list[dict]) -> str:
-    """Per setting, the final evaluation's diagnostics at the first and last block, mean over seeds."""
-    settings = {label: [r["_evals"][-1] for r in counted(group)
-                        if r["_evals"] and "block_grad_norm" in r["_evals"][-1]]
-                for label, group in by_setting(rows).items()}
-    settings = {label: finals for label, finals in settings.items() if finals}
-    lines = ["| setting | grad norm block 0 / last | update/weight block 0 / last | residual RMS last "
-             "| position similarity last | head entropy (mean, nats) |", "|---|---|---|---|---|---|"]
-    for label, finals in settings.items():
-        def mean(key, block):
-            values = [f[key][block] for f in finals if key in f]
-            return statistics.fmean(values) if values else math.nan
-        entropy = statistics.fmean(h for f in finals for layer in f["head_entropy"] for h in layer)
-        def fmt(value, spec):
-            return format(value, spec) if math.isfinite(value) else "—"
-        lines.append(f"| {label} | {fmt(mean('block_grad_norm', 0), '.2e')} / "
-                     f"{fmt(mean('block_grad_norm', -1), '.2e')} | {fmt(mean('block_update_ratio', 0), '.1e')}"
-                     f" / {fmt(mean('block_update_ratio', -1), '.1e')} | {fmt(mean('block_rms', -1), '.2f')} "
-                     f"| {fmt(mean('block_pos_sim', -1), '.2f')} | {entropy:.2f} |")
-    return "\n".join(lines) if settings else ""
-
-
 def runs_read(rows: list[dict]) -> str:
     """How many runs' metrics.jsonl the report read, and each run it left out and why, which it
     says on stderr too."""
@@ -367,27 +321,35 @@ def report(out_dir: Path, x: str = "steps") -> str:
     return table
 
 
+X_AXES = ("steps", "flops", "seconds")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    usage = ("usage: python -m gpt.sweep report DIR\n"
+    usage = ("usage: python -m gpt.sweep report DIR [--x=steps|flops|seconds]\n"
              "       python -m gpt.sweep status DIR\n"
              "       python -m gpt.sweep cancel DIR")
     if {"-h", "--help"} & set(argv):
-        print(f"{usage}\n\nreport writes DIR/sweep.csv, summary.md, curves.png and diagnostics.png for the "
-              "sweep in DIR.\nstatus shows a submitted sweep's runs done, running, queued and failed (exit "
-              "status 0 while some are queued or running);\ncancel cancels its queued and running jobs.\n"
-              "Sweeps run with: python train.py --config NAME --sweep name=v1,v2 ... [--launcher=slurm]")
+        print(f"{usage}\n\nreport writes DIR/sweep.csv, summary.md, curves.png and diagnostics.png (and a tuned "
+              "sweep's tuning.csv and lr.png, a sized one's size.png) for the sweep in DIR;\n--x draws "
+              "curves.png against steps (the default), model FLOPs or seconds of training.\nstatus shows a "
+              "sweep's runs done, running, queued and failed (exit status 0 while some are queued or running);"
+              "\ncancel cancels its queued and running jobs.\n"
+              "Sweeps run with: python train.py --config NAME --sweep name=v1,v2 ... [--tune name=v1,v2,...] "
+              "[--launcher=slurm]")
         return 0
-    if len(argv) != 2 or argv[0] not in ("report", "status", "cancel"):
+    x = next((a.removeprefix("--x=") for a in argv if a.startswith("--x=")), "steps")
+    rest = [a for a in argv if not a.startswith("--x=")]
+    if len(rest) != 2 or rest[0] not in ("report", "status", "cancel") or (len(rest) != len(argv) and rest[0] != "report"):
         print(usage, file=sys.stderr)
         return 2
-    if argv[0] != "report":
-        return follow(argv[0], argv[1])
+    if rest[0] != "report":
+        return follow(rest[0], rest[1])
     try:
-        report(Path(user_path(argv[1], "DIR")))
+        if x not in X_AXES:
+            raise UserError(f"--x={x}: curves.png is drawn against {', '.join(X_AXES)}; give one of them")
+        report(Path(user_path(rest[1], "DIR")), x)
     except UserError as e:
         say_error(e)
         return 2
     return 0
-
-

@@ -58,20 +58,7 @@ def run(args, argv: list[str]) -> int:
     axes = args.sweep
     if record and isinstance(record.get("axes"), dict) and set(record["axes"]) == set(axes):
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
-    if "batch_size" in axes and "eval_batch_size" not in {*values, *axes}:
-        # else each batch size would be scored on its own windows, and the evaluation would differ
-        # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
-        # sweep's first choice stays, so that the axis may gain a value in front
-        old_axes = (record or {}).get("axes")
-        old_axis = old_axes.get("batch_size") if isinstance(old_axes, dict) else None
-        pinned = (record["eval_batch_size"] if record and "eval_batch_size" in record
-                  else old_axis[0] if isinstance(old_axis, list) and old_axis else None)    # older records
-        values["eval_batch_size"] = (pinned if type(pinned) is int and pinned >= 0
-                                     else axes["batch_size"][0])
-        if values["eval_batch_size"]:
-            print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
-                  f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
-                  "batch_size)")
+    pin_eval_batch(values, axes, record)
     sweep = {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
              "command": " ".join(["python", "train.py", *argv]),
              **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
@@ -101,6 +88,25 @@ def run(args, argv: list[str]) -> int:
                 return code
             runs, final = _stage(tune.plan(sweep, out_dir))
             run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+
+
+def pin_eval_batch(values: dict, axes: dict, record: dict | None) -> None:
+    """With a batch_size axis, every run is scored on the same windows: eval_batch_size is set to the
+    axis's first value, or to what the sweep's record kept, unless given."""
+    if "batch_size" not in axes or "eval_batch_size" in {*values, *axes}:
+        return
+    # else each batch size would be scored on its own windows, and the evaluation would differ
+    # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
+    # sweep's first choice stays, so that the axis may gain a value in front
+    old_axes = (record or {}).get("axes")
+    old_axis = old_axes.get("batch_size") if isinstance(old_axes, dict) else None
+    pinned = (record["eval_batch_size"] if record and "eval_batch_size" in record
+              else old_axis[0] if isinstance(old_axis, list) and old_axis else None)    # older records
+    values["eval_batch_size"] = pinned if type(pinned) is int and pinned >= 0 else axes["batch_size"][0]
+    if values["eval_batch_size"]:
+        print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
+              f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
+              "batch_size)")
 
 
 def _check_tuned_read(values: dict, axes: dict, grids: dict) -> None:
