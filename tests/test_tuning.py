@@ -1,15 +1,18 @@
 """Tuning per setting: the grid, its extension at an edge, the choice, the seeds kept apart, and bad input."""
 
+import csv
 import json
 import math
+import shutil
 
 import pytest
 
 from conftest import tiny_args
 from gpt.cli import parse_argv
 from gpt.errors import UserError
-from gpt.sweep import tune
+from gpt.sweep import report, submitted, tune
 from gpt.sweep.grid import settings_of
+from test_slurm import slurm  # noqa: F401  (the fake Slurm tools, a fixture)
 import train
 
 
@@ -174,7 +177,6 @@ def test_a_tuned_sweep_resumes_half_tuned_and_trains_nothing_twice(data_dir, tmp
     assert "## Tuning" in summary and "| residual=true | learning_rate=" in summary
     stamps = {p: (p / "metrics.jsonl").stat().st_mtime_ns for p in runs}
     # half tuned: a tuning run and a confirmation run taken away; the command trains those two alone
-    import shutil
     shutil.rmtree(tuning[0])
     shutil.rmtree([p for p in runs if p.parent == out][0])
     assert train.main(argv) == 0
@@ -184,3 +186,43 @@ def test_a_tuned_sweep_resumes_half_tuned_and_trains_nothing_twice(data_dir, tmp
     assert train.main(argv) == 0
     assert f"sweep: {len(runs)} runs ({len(tuning)} tuning, 4 at each setting's chosen value) ({len(runs)} already " \
            "finished)" in capsys.readouterr().out
+
+
+@pytest.mark.e2e
+def test_slurm_submits_a_tuned_sweep_stage_by_stage_and_status_says_when(data_dir, tmp_path, slurm, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=6", "--sweep", "residual=true,false", "--seeds=2",
+                     "--tune", "learning_rate=1e-3,1e-2,1e-1", "--launcher=slurm")
+    assert train.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "submitted 6 runs as Slurm job 4242" in printed and "tuning: once these runs end, run the same command" in printed
+    jobs = submitted.read(out)["jobs"]
+    assert sorted(jobs) == sorted(f"tune/residual={r}__learning_rate={lr}__seed=2337"
+                                  for r in ("true", "false") for lr in ("0.001", "0.01", "0.1"))
+    (slurm / "sacct.txt").write_text("".join(f"{job['id']}|RUNNING\n" for job in jobs.values()))
+    assert report.main(["status", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("tuning: 0 of 2 settings have their value chosen")
+    for name in jobs:       # the jobs end: 1e-2 best for both settings
+        finish(out / name, 2.0 if "0.01_" in name else 2.4)
+    (slurm / "sacct.txt").write_text("".join(f"{job['id']}|COMPLETED\n" for job in jobs.values()))
+    (slurm / "scripts.txt").unlink()
+    assert train.main(argv) == 0        # the same command: the choice made, the seeds at it submitted
+    assert "submitted 4 runs as Slurm job 4242" in capsys.readouterr().out
+    assert [n for n in submitted.read(out)["jobs"] if not n.startswith("tune/")] == [
+        f"residual={r}__learning_rate=0.01__seed={s}" for r in ("true", "false") for s in (1337, 1338)]
+    (slurm / "sacct.txt").write_text("".join(f"4242_{i}|RUNNING\n" for i in range(4)))
+    assert report.main(["status", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("tuning: every setting's value is chosen (2)")
+
+
+@pytest.mark.slow     # over 10 s; .ci/run runs the slow tests too
+def test_submitit_local_runs_a_tuned_sweep_through_its_stages(data_dir, tmp_path, capsys):
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--tune", "learning_rate=1e-3,3e-3",
+                     "--tune_extend=1", "--seeds=2", "--jobs=2", "--launcher=submitit_local", "--slurm_time=5")
+    assert train.main(argv) == 0
+    rows = list(csv.DictReader(open(out / "sweep.csv")))
+    chosen = rows[0]["learning_rate"]
+    assert [(r["seed"], r["status"]) for r in rows] == [("1337", "finished"), ("1338", "finished")]
+    assert {r["learning_rate"] for r in rows} == {chosen} and len(list(csv.DictReader(open(out / "tuning.csv")))) >= 2
+    assert "## Tuning" in (out / "summary.md").read_text()

@@ -8,6 +8,8 @@ isolated, can go side by side (--jobs), and a sweep started again skips finished
 resumes interrupted ones. The report reads only DIR/sweep.json and the run folders' config.json,
 metrics.jsonl and result.json.
 
-grid.py makes the runs, runner.py runs them (submit.py and job.py as submitit jobs, --launcher=slurm;
-submitted.py and status.py follow those jobs), report.py and plots.py read what they wrote.
+grid.py makes the runs (tune.py those of a tuned sweep: tuning runs, then runs at each setting's
+chosen value), runner.py runs them (submit.py and job.py as submitit jobs, --launcher=slurm;
+submitted.py and status.py follow those jobs), report.py reads what they wrote (with stats.py,
+compute.py and comparisons.py) and plots.py and study_plots.py draw it.
 """
