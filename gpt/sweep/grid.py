@@ -86,11 +86,11 @@ def settings_of(axes: dict[str, list]) -> list[dict]:
     return out
 
 
-def count_runs(axes: dict[str, list], seeds: int) -> None:
-    """Refuse a grid of more than MAX_RUNS runs before making any."""
-    count = math.prod(len(values) for values in axes.values()) * seeds
+def count_runs(axes: dict[str, list], seeds: int, tuning: int = 0) -> None:
+    """Refuse a grid of more than MAX_RUNS runs before making any; tuning: the tuning runs per setting."""
+    count = math.prod(len(values) for values in axes.values()) * (seeds + tuning)
     if count > MAX_RUNS:
-        each = f"{seeds} seed{'s' * (seeds != 1)} of each setting"
+        each = f"{seeds} seed{'s' * (seeds != 1)} of each setting" + (f" and {tuning:,} tuning runs" if tuning else "")
         raise UserError(f"the sweep would make {count:,} runs ({each}), more than {MAX_RUNS:,}; give "
                         "fewer seeds or axis values")
 

@@ -67,7 +67,7 @@ def run(args, argv: list[str]) -> int:
     if args.tune:
         tune.check_seeds(sweep)
         _check_tuned_read(values, axes, args.tune)
-    count_runs(axes, sweep_cfg.seeds)
+    count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in args.tune.values()) if args.tune else 0)
     runs, final = _stage(tune.plan(sweep, out_dir))
     run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
     for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
