@@ -185,3 +185,33 @@ def test_a_file_may_hold_slurm_options_that_only_the_slurm_launcher_reads(data_d
     assert train.main([*argv[:1], *tiny_args(data_dir, tmp_path / "one", "--max_iters=2"), "--seeds=1",
                        "--launcher=slurm"]) == 2
     assert "this is one run" in capsys.readouterr().err
+
+
+def test_cancel_and_status_never_take_a_reused_process_id_for_the_sweeps(data_dir, tmp_path, capsys):
+    """After a kill -9 of a submitit_local sweep its pid stays in jobs.json; once another process
+    has it, cancel must not signal that process, and status must not call the runs queued."""
+    out = tmp_path / "sw"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=1", "--sweep", "residual=true,false")
+    assert train.main(argv) == 0
+    capsys.readouterr()
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        record = {"launcher": "submitit_local", "logs": str(out / "slurm"), "submitter": stranger.pid,
+                  "submitter_start": submitted.started_at(stranger.pid) + 1,     # another process's start
+                  "jobs": {"residual=true__seed=1337": {"id": None, "at": 0.0},
+                           "residual=false__seed=1337": {"id": stranger.pid, "at": 0.0, "start": 1}}}
+        submitted.write(out, record)
+        assert submitted.states(record) == {"residual=true__seed=1337": "ended", "residual=false__seed=1337": "ended"}
+        assert report.main(["cancel", str(out)]) == 0
+        said = capsys.readouterr().out
+        assert f"(pid {stranger.pid}) is no longer running; its record is cleared, and no process was signalled" in said
+        assert stranger.poll() is None                       # alive: nothing was sent to it
+        assert submitted.read(out)["submitter"] is None
+        # an older record, without start times, is never taken as the sweep's either
+        submitted.write(out, {**record, "submitter_start": None})
+        assert report.main(["cancel", str(out)]) == 0 and stranger.poll() is None
+        # the process itself, recorded with its own start, is the sweep's
+        assert submitted.is_ours(stranger.pid, submitted.started_at(stranger.pid))
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -92,6 +92,12 @@ def cancel(out_dir: Path) -> int:
     """Cancel the queued and running jobs; a running run saves its checkpoint as its job ends."""
     collect(out_dir)        # a sweep folder, or one line saying it is not
     record = submitted.read(out_dir)
+    if record.get("launcher") != "slurm" and record.get("submitter") and not submitted.submitter_alive(record):
+        # killed outright, or its machine restarted: the id may be another process's by now
+        print(f"the sweep process recorded in {submitted.RECORD} (pid {record['submitter']}) is no longer "
+              "running; its record is cleared, and no process was signalled for it")
+        record = {**record, "submitter": None, "submitter_start": None}
+        submitted.write(out_dir, record)
     found = submitted.states(record)
     live = [name for name, state in found.items() if state in ("queued", "running")]
     if not live:
@@ -100,7 +106,7 @@ def cancel(out_dir: Path) -> int:
     if record.get("launcher") == "slurm":
         submitted.slurm_tool(["scancel", *sorted({record["jobs"][name]["id"] for name in live})])
     else:
-        if record.get("submitter") and submitted.process_exists(record["submitter"]):
+        if submitted.submitter_alive(record):
             os.kill(record["submitter"], signal.SIGTERM)    # the waiting sweep stops its own jobs
         for name in live:
             if record["jobs"][name].get("id"):

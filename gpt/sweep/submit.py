@@ -159,7 +159,7 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         record = submitted.read(out_dir)
-        submitted.write(out_dir, {**record, "submitter": None})
+        submitted.write(out_dir, {**record, "submitter": None, "submitter_start": None})
     failed = [r for r in runs if _status(r.folder) not in DONE]
     if final or failed:
         report(out_dir)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -12,7 +11,9 @@ from ..errors import UserError
 from ..train.rundir import write_json
 from .grid import read_json
 
-RECORD = "jobs.json"    # {"launcher", "logs", "submitter", "jobs": {run folder name: {"id", "at"}}}
+# {"launcher", "logs", "submitter", "submitter_start", "jobs": {run folder name: {"id", "at", "start"}}}:
+# a process id with the time its process started, so that one used again by another process is not taken for it
+RECORD = "jobs.json"
 QUEUED = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SUSPENDED", "CONFIGURING",
           "RESIZING"}
 RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
@@ -36,16 +37,38 @@ def states(record: dict) -> dict[str, str]:
     if record.get("launcher") == "slurm":
         return _slurm_states(jobs)
     # a submitit_local sweep, waiting, starts the rest itself
-    submitter = record.get("submitter") and process_exists(record["submitter"])
-    return {name: ("running" if job.get("id") and _alive(job["id"]) else
+    submitter = submitter_alive(record)
+    return {name: ("running" if job.get("id") and _alive(job["id"], job.get("start")) else
                    "queued" if submitter and not job.get("id") else "ended")
             for name, job in jobs.items()}
 
 
-def _alive(pid) -> bool:
-    """A local job's controller, still running (not its process id used again by another)."""
+def started_at(pid) -> int | None:
+    """When process pid started, in clock ticks since boot (field 22 of /proc/PID/stat); None where
+    there is no such process, or no /proc to ask."""
     try:
-        return b"submitit" in Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, TypeError, ValueError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])     # after the command's name, which may hold spaces
+
+
+def is_ours(pid, start) -> bool:
+    """Whether pid is still the process recorded with this start time: after a kill -9, an OOM kill or
+    a reboot, its id may belong to another process, which must never be signalled. A record without
+    a start time (older ones) is never taken as ours."""
+    return start is not None and pid is not None and started_at(pid) == start
+
+
+def submitter_alive(record: dict) -> bool:
+    """Whether the sweep process that submitted these local jobs is still the one at work."""
+    return is_ours(record.get("submitter"), record.get("submitter_start"))
+
+
+def _alive(pid, start) -> bool:
+    """A local job's controller, still running: the process recorded, and submitit's."""
+    try:
+        return is_ours(pid, start) and b"submitit" in Path(f"/proc/{int(pid)}/cmdline").read_bytes()
     except (OSError, TypeError, ValueError):
         return False
 
@@ -100,14 +123,11 @@ def note(out_dir: Path, launcher: str, logs: Path, ids: dict[str, str | None], s
     record = read(out_dir)
     if record.get("launcher") not in (None, launcher):
         record["jobs"] = {}     # another launcher's jobs: checked as ended before this start
-    record.update(launcher=launcher, logs=str(logs), submitter=submitter)
-    record["jobs"].update({name: {"id": job_id, "at": time.time()} for name, job_id in ids.items()})
+    record.update(launcher=launcher, logs=str(logs), submitter=submitter,
+                  submitter_start=started_at(submitter) if submitter else None)
+    record["jobs"].update({name: {"id": job_id, "at": time.time(),
+                                  **({"start": started_at(job_id)} if launcher != "slurm" and job_id else {})}
+                           for name, job_id in ids.items()})
     write(out_dir, record)
 
 
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
