@@ -1586,3 +1586,15 @@ def test_loading_for_sampling_reads_the_weights_alone_into_a_model_built_where_i
                           timeout=120, check=True)
     grown_mb, weights_mb = map(float, proc.stdout.split())
     assert weights_mb > 20 and grown_mb < 3 * weights_mb, (grown_mb, weights_mb)
+
+
+def test_a_stale_temporary_checkpoint_is_removed_as_the_run_starts_not_at_its_next_save(data_dir, tmp_path, capsys):
+    """A SIGKILL mid-save leaves ckpt.pt.tmp as large as a checkpoint; the next start of the run,
+    holding the folder, removes it, even where that start saves nothing."""
+    out = tmp_path / "run"
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2")) == 0
+    stale = out / "ckpt.pt.tmp"
+    stale.write_bytes((out / "ckpt.pt").read_bytes()[:100_000])
+    assert train.main(tiny_args(data_dir, out, "--max_iters=4", "--eval_interval=2", "--resume")) == 2
+    assert "already at iteration 4" in capsys.readouterr().err      # a start that saves nothing
+    assert not stale.exists() and (out / "ckpt.pt").exists()

@@ -183,6 +183,8 @@ def claim_folder(out_dir: Path, cfg: TrainConfig, holds: contextlib.ExitStack) -
     would replace unasked."""
     rundir.writable(out_dir)
     holds.enter_context(checkpoint.hold_folder(out_dir))
+    for stale in out_dir.glob("*.pt.tmp"):  # a save cut short by a kill; the hold says no process writes it now
+        stale.unlink(missing_ok=True)
     held = checkpoint.saved_in(out_dir)
     if held and not cfg.resume and not cfg.overwrite:
         if in_a_sweep():    # only ckpt_best.pt: the sweep would resume from ckpt.pt
