@@ -311,6 +311,11 @@ class TrainConfig:
     wandb: bool = opt(False, "log metrics to Weights & Biases")
     wandb_project: str = opt("gpt", "Weights & Biases project")
     wandb_run_name: str = opt("", "Weights & Biases run name; empty uses out_dir's name")
+    wandb_group: str = opt("", "Weights & Biases group, one per experiment; a sweep gives its runs its "
+                           "folder's name unless given")
+    wandb_job_type: str = opt("", "Weights & Biases job type; a sweep gives each run its setting")
+    wandb_tags: str = opt("", "Weights & Biases tags, separated by ','; a sweep tags each run with its "
+                          "settings, seed and stage (tune or confirm)")
 
     def __post_init__(self):
         check_types(self)

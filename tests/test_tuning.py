@@ -226,3 +226,44 @@ def test_submitit_local_runs_a_tuned_sweep_through_its_stages(data_dir, tmp_path
     assert [(r["seed"], r["status"]) for r in rows] == [("1337", "finished"), ("1338", "finished")]
     assert {r["learning_rate"] for r in rows} == {chosen} and len(list(csv.DictReader(open(out / "tuning.csv")))) >= 2
     assert "## Tuning" in (out / "summary.md").read_text()
+
+
+def wandb_run_record(folder):
+    """The run record (group, job type, tags) of the offline wandb run in a run folder, read from the
+    .wandb file wandb writes: LevelDB's log format (32 KiB blocks of checksum, length, type, data)
+    after wandb's 7-byte header, each record one of wandb's protobuf Records."""
+    import struct
+    from wandb.proto import wandb_internal_pb2
+    data = next(folder.glob("wandb/offline-run-*/run-*.wandb")).read_bytes()
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "run":
+                return record.run
+    raise AssertionError(f"no run record in {folder}")
+
+
+@pytest.mark.slow     # over 10 s (wandb starts a service per run); .ci/run runs the slow tests too
+def test_a_sweeps_runs_are_one_wandb_group_with_their_settings_as_job_type_and_tags(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "study"
+    argv = tiny_args(data_dir, out, "--max_iters=2", "--eval_interval=2", "--wandb=true", "--jobs=2",
+                     "--sweep", "residual=true,false", "--tune", "learning_rate=1e-3,1e-2", "--tune_extend=0")
+    assert train.main(argv) == 0
+    tuning = out / "tune" / "residual=false__learning_rate=0.01__seed=2337"
+    run = wandb_run_record(tuning)
+    assert (run.run_group, run.job_type) == ("study", "residual=false")
+    assert list(run.tags) == ["residual=false", "learning_rate=0.01", "seed=2337", "stage=tune"]
+    confirm = next(out.glob("residual=true__learning_rate=*__seed=1337"))
+    run = wandb_run_record(confirm)
+    assert run.run_group == "study" and run.job_type == "residual=true"
+    assert {"residual=true", "seed=1337", "stage=confirm"} <= set(run.tags)

@@ -120,6 +120,11 @@ def train_argv(values: dict, run: SweepRun, threads: int) -> list[str]:
     args = {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}
     args.update(setting_of(run), seed=run.seed, out_dir=str(run.folder))
     args.setdefault("threads", threads)
+    if values.get("wandb"):     # the sweep as one experiment in wandb, each setting its job type
+        args.setdefault("wandb_group", Path(values["out_dir"]).name)
+        args["wandb_job_type"] = setting_label(run.setting)
+        args["wandb_tags"] = ",".join([*(f"{k}={as_text(v)}" for k, v in {**run.setting, **run.tuned}.items()),
+                                       f"seed={run.seed}", f"stage={run.stage}"])
     if (run.folder / "ckpt.pt").exists():
         args["resume"] = True
     elif not (run.folder / "ckpt_best.pt").exists():    # that one the run refuses to replace
@@ -188,7 +193,8 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 # flushed or split); the folder is the run's own; stop_hopeless only ends a run early, which its
 # status records
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
-                "overwrite", "wandb", "wandb_project", "wandb_run_name", "stop_hopeless"}
+                "overwrite", "wandb", "wandb_project", "wandb_run_name", "wandb_group", "wandb_job_type",
+                "wandb_tags", "stop_hopeless"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)
 SPEED = ("flush_denormal", "threads", "thread_split")

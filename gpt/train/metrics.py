@@ -120,7 +120,9 @@ def start_wandb(cfg: TrainConfig, config: dict):
     try:
         import wandb
         return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
-                          config=config, dir=cfg.out_dir)
+                          config=config, dir=cfg.out_dir, group=cfg.wandb_group or None,
+                          job_type=cfg.wandb_job_type or None,
+                          tags=[t.strip() for t in cfg.wandb_tags.split(",") if t.strip()] or None)
     except Exception as e:
         print(f"warning: wandb could not start ({first_line(e)}); "
               "training goes on without it", file=sys.stderr)
