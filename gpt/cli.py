@@ -207,7 +207,7 @@ TRAIN_GROUPS = {
                      "grad_clip", "skip_nonfinite", "stop_hopeless"),
     "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "min_lr_ratio", "cooldown_frac"),
     "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
-                                   "overwrite"),
+                                   "overwrite", "adopt_checkpoint"),
     "logging": ("log_interval", "diagnostics", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
                 "wandb_job_type", "wandb_tags"),
     "system": ("device", "dtype", "matmul_precision", "compile", "threads", "flush_denormal", "thread_split",

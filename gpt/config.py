@@ -308,6 +308,8 @@ class TrainConfig:
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
                           "deleting them; without it such a start is refused")
+    adopt_checkpoint: bool = opt(False, "resume a ckpt.pt that another run saved (copied in by hand), "
+                                 "setting this folder's metrics.jsonl aside; without it such a resume is refused")
     wandb: bool = opt(False, "log metrics to Weights & Biases")
     wandb_project: str = opt("gpt", "Weights & Biases project")
     wandb_run_name: str = opt("", "Weights & Biases run name; empty uses out_dir's name")

@@ -553,14 +553,14 @@ ERRORS = [  # (name, script, argv builder (data_dir, tmp_path, the good run's fo
     ("resume without random states", "train", _resume(parts={'rng': None}),
      r"cannot be used: its random states are malformed\n$"),
     ("resume random states missing a part", "train", _resume(parts={'rng': {}}),
-     r"edited/ckpt.pt cannot be resumed: damage in its random states \(torch is missing\)\n$"),
+     r"edited/ckpt.pt cannot be resumed: damage in its random states \(torch is missing\); no step of training leaves that, so the file is damaged"),
     ("resume an optimizer state missing a part", "train", _resume(optimizer_entry={}),
-     r"edited/ckpt.pt cannot be resumed: damage in its optimizer state \(state\[0\]\['step'\] is missing\)\n$"),
+     r"edited/ckpt.pt cannot be resumed: damage in its optimizer state \(state\[0\]\['step'\] is missing\); no step of training leaves that, so the file is damaged"),
     ("resume an optimizer state of another shape", "train",
      _resume(optimizer_entry={"step": 1, "exp_avg": torch.zeros(3), "exp_avg_sq": torch.zeros(3)}),
-     r"damage in its optimizer state \(state\[0\]\['exp_avg'\] has shape \(3,\), not \(37, 16\)\)\n$"),
+     r"damage in its optimizer state \(state\[0\]\['exp_avg'\] has shape \(3,\), not \(37, 16\)\); no step of training leaves that, so the file is damaged"),
     ("resume random states of another type", "train", _resume(parts={'batch_rng': torch.zeros(3)}),
-     r"damage in its random states \(batch_rng is not a tensor of integers\)\n$"),
+     r"damage in its random states \(batch_rng is not a tensor of integers\); no step of training leaves that, so the file is damaged"),
     # one more: the head tied to the token table
     ("sample weights that hold nan", "sample", lambda d, t, g: [f"--out_dir={_edited(g(), nan_weight=True)}"],
      r"edited/ckpt.pt's weights hold nan or inf \(transformer.wte.weight and 1 more\): the run had diverged when "

@@ -403,6 +403,12 @@ def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scor
     assert checkpoint.load(out / "ckpt_best.pt")["iter"] in (4, 5)
 
 
+def save_as_saved(ckpt: dict, path) -> None:
+    """An edited checkpoint saved with the hashes of its parts as they now are, as a run would save it."""
+    parts = {k: v for k, v in ckpt.items() if k not in ("format", "digests")}
+    torch.save({**ckpt, "digests": {k: checkpoint.digest(v) for k, v in parts.items()}}, path)
+
+
 @pytest.mark.e2e
 def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_finite_the_best(data_dir, tmp_path, capsys):
     out = tmp_path / "run"
@@ -411,11 +417,11 @@ def test_a_resume_that_scores_other_windows_never_makes_a_state_that_is_not_fini
     resumed["best_iter"] = 2
     resumed["model"]["transformer.ln_f.weight"].fill_(float("inf"))    # as a stop saves it unevaluated
     (out / "ckpt.pt").unlink()          # the same file as ckpt_best.pt: writing into it would change both
-    torch.save(resumed, out / "ckpt.pt")
+    save_as_saved(resumed, out / "ckpt.pt")
     shutil.copy(out / "ckpt.pt", out / "bad.pt")
     best = torch.load(out / "ckpt.pt", weights_only=False)
     best["iter"], best["model"] = 2, checkpoint.load(out / "ckpt_best.pt")["model"]
-    torch.save(best, out / "ckpt_best.pt")
+    save_as_saved(best, out / "ckpt_best.pt")
     before = (out / "ckpt_best.pt").read_bytes()
     assert train.main([f"--out_dir={out}", "--resume", "--max_iters=5", "--eval_iters=3",
                        "--skip_nonfinite=true"]) == 0

@@ -193,7 +193,7 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 # flushed or split); the folder is the run's own; stop_hopeless only ends a run early, which its
 # status records
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
-                "overwrite", "wandb", "wandb_project", "wandb_run_name", "wandb_group", "wandb_job_type",
+                "overwrite", "adopt_checkpoint", "wandb", "wandb_project", "wandb_run_name", "wandb_group", "wandb_job_type",
                 "wandb_tags", "stop_hopeless"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)

@@ -291,6 +291,7 @@ class Loop:
                     "meta": run.meta, "iter": it, "best_val_loss": at.best_val, "best_iter": at.best_iter,
                     "last_eval_iter": at.last_eval,
                     "rng": rng_state(run.device), "batch_rng": run.batches.state(), "elapsed_s": self.elapsed(),
+                    "run_id": at.run_id,
                 }, out_dir / "ckpt.pt")
                 at.last_saved = it
                 if best:

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import math
 import random
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,7 +67,8 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
             best = path.with_name("ckpt_best.pt")
             hint = f" ({best.name} is: copy it to {path.name} to continue from it)" if best.exists() else ""
             raise UserError(f"--resume: nothing to resume, {path} does not exist{hint}")
-        ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS)   # only configs are read
+        ckpt = checkpoint.load(path, mmap=True, needs=checkpoint.RESUME_KEYS,   # only configs are read
+                               verify=("model_config", "train_config"))
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         if isinstance(base_train, dict):    # how that run was started is not how this one is
             base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite")}
@@ -177,6 +179,26 @@ class Position:
     last_saved: int | None = None   # the iteration ckpt.pt holds
     elapsed_before: float = 0.0     # seconds trained before this start
     mended: int | None = None       # the iteration copied to ckpt_best.pt, which did not hold it
+    run_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])  # in config.json and each save
+
+
+def check_identity(ckpt: dict, out_dir: Path, adopt: bool) -> None:
+    """Refuse a ckpt.pt another run saved (copied into this folder by hand): resumed, it would train
+    on under this folder's record and its metrics.jsonl would mix the two runs' curves. With adopt,
+    the folder's metrics.jsonl is set aside and the checkpoint's run goes on here."""
+    theirs, ours = ckpt.get("run_id"), run_record(out_dir / "config.json").get("run_id")
+    if not (isinstance(theirs, str) and isinstance(ours, str)) or theirs == ours:
+        return      # one of them older than run ids: nothing to compare
+    if not adopt:
+        raise UserError(f"{out_dir / 'ckpt.pt'} was saved by run {theirs}, but {out_dir} holds run {ours} "
+                        "(config.json): the checkpoint was copied from another run; put back this run's "
+                        "own, or pass --adopt_checkpoint=true to continue that run here, with this "
+                        "folder's metrics.jsonl set aside")
+    log = out_dir / "metrics.jsonl"
+    if log.exists():
+        log.rename(out_dir / f"metrics.{ours}.jsonl")
+        print(f"adopting run {theirs}'s checkpoint: this folder's log of run {ours} is now "
+              f"{out_dir / f'metrics.{ours}.jsonl'}", flush=True)
 
 
 def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: TrainConfig, meta: dict,
@@ -195,10 +217,13 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
     checkpoint.load_weights(model, ckpt)
     damage = state_damage(ckpt, optimizer.state_dict(), batches.state())
     if damage:
-        raise UserError(f"{out_dir / 'ckpt.pt'} cannot be resumed: damage in its {damage[0]} ({damage[1]})")
+        raise UserError(f"{out_dir / 'ckpt.pt'} cannot be resumed: damage in its {damage[0]} ({damage[1]}); "
+                        f"no step of training leaves that, so the file is damaged{checkpoint.elsewhere(out_dir / 'ckpt.pt')}")
     optimizer.load_state_dict(ckpt["optimizer"])
     at = Position(start_iter=ckpt["iter"], best_val=ckpt["best_val_loss"], last_eval=ckpt["last_eval_iter"],
                   last_saved=ckpt["iter"], best_iter=ckpt.get("best_iter"))
+    if isinstance(ckpt.get("run_id"), str):     # older checkpoints have none: the run takes a new one
+        at.run_id = ckpt["run_id"]
     at.elapsed_before = ckpt.get("elapsed_s")
     if at.elapsed_before is None:      # a checkpoint of an older version: its log has the time
         metrics_path = out_dir / "metrics.jsonl"
@@ -240,7 +265,22 @@ def state_damage(ckpt: dict, optimizer: dict, batch_rng: torch.Tensor) -> tuple[
         what = _unlike(saved, own)
         if what:
             return part, what
-    return None
+    what = bad_moments(ckpt["optimizer"])
+    return ("optimizer state", what) if what else None
+
+
+def bad_moments(state: dict, name: str = "") -> str | None:
+    """A moment no training could have left: not finite, or a second moment below zero."""
+    for index, entry in state["state"].items():
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point() or key == "step":
+                continue
+            where = f"{name}state[{index!r}][{key!r}]"
+            if not torch.isfinite(value).all():
+                return f"{where} holds nan or inf"
+            if key.endswith("_sq") and (value < 0).any():
+                return f"{where} holds a negative second moment"
+    return bad_moments(state["muon"], "muon ") if "muon" in state else None
 
 
 def _unlike(saved, own, name: str = "") -> str | None:

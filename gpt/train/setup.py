@@ -132,6 +132,7 @@ def resume_from_checkpoint(model: GPT, optimizer: AdamW | MuonAdamW, batches: Ba
     out_dir = Path(cfg.out_dir)
     # on the CPU: RNG states must stay there
     ckpt = checkpoint.load(out_dir / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
+    resume.check_identity(ckpt, out_dir, cfg.adopt_checkpoint)
     at = resume.restore(ckpt, model, optimizer, batches, model_cfg, cfg, meta, device, rank == 0, world)
     if at.start_iter >= cfg.max_iters or rank != 0:
         return at
@@ -219,7 +220,7 @@ def record_start(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None,
     way = rundir.ran_as(device, dtype, torch_level(cfg.matmul_precision, torch.device(device).type), parts)
     config_record = {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg),
                      "code": codes + [c for c in [checkpoint.code_version()] if c not in codes],
-                     "ran_as": ways + [w for w in [way] if w not in ways]}
+                     "ran_as": ways + [w for w in [way] if w not in ways], "run_id": at.run_id}
     metrics = Metrics(out_dir / "metrics.jsonl", start_wandb(cfg, config_record) if master else None)
     if master:
         if cfg.resume:

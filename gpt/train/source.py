@@ -45,7 +45,7 @@ def resolve(init_from: str) -> Source:
                                                           "has saved a checkpoint yet; give one once it has"))
     runs = [path / name for name in ("ckpt.pt", "ckpt_best.pt") if (path / name).is_file()]
     if runs:
-        ckpt = checkpoint.load(runs[0], mmap=True)      # the configs only: the weights come later
+        ckpt = checkpoint.load(runs[0], mmap=True, verify=("model_config", "meta"))  # the weights come later
         return Source(init_from, checkpoint.model_config(ckpt), ckpt["meta"], path, runs[0])
     if path.is_dir() and not (path / "config.json").is_file():
         raise UserError(f"init_from={init_from!r}: {path} holds neither a run (ckpt.pt) nor a Hugging "
