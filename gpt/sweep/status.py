@@ -23,27 +23,30 @@ def last_line(folder: Path) -> str:
     return lines[-1].strip()[:200] if lines else "log.txt is empty"
 
 
-def sweep_process_in(out_dir: Path) -> bool:
-    """Whether a sweep process is at work in out_dir: it holds the folder's lock while it runs its
-    runs or waits on its jobs."""
+def held(folder: Path) -> bool:
+    """Whether a process is at work in folder: a sweep holds its folder's lock while it runs its runs
+    or waits on its jobs, and a run its own while it trains, however it was started."""
+    if not folder.is_dir():
+        return False
     try:
-        with checkpoint.hold_folder(out_dir):
+        with checkpoint.hold_folder(folder):
             return False
     except UserError:
         return True
 
 
-# shown only where some run is in them: a local sweep's runs under way, and stopped ones
-SOMETIMES = ("under way", "stopped")
+# shown only where some run is in them: stopped runs, and runs whose job ended before they began
+SOMETIMES = ("stopped", "not started")
 
 
 def standing(out_dir: Path) -> dict[str, list[str]]:
-    """Run folder names by where they stand: done, running, queued, under way (in the sweep
-    process at work here, no job of their own), stopped (a ckpt.pt to resume from, no job
-    pending), failed, not submitted."""
+    """Run folder names by where they stand: done, running (its job runs, or a process trains in
+    its folder: a local sweep's run, or one whose sweep was killed), queued (a job waiting, or the
+    sweep at work here will start it), stopped (a ckpt.pt to resume from, nothing at work on it),
+    not started (its job ended before the run began), failed, not submitted."""
     sweep, _ = collect(out_dir)
     found = submitted.states(submitted.read(out_dir))
-    at_work = sweep_process_in(out_dir)
+    at_work = held(out_dir)
     groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
     current = plan(sweep, out_dir)
     for r in current.tuning_runs + current.confirm_runs:
@@ -51,8 +54,10 @@ def standing(out_dir: Path) -> dict[str, list[str]]:
         status = read_json(path).get("status") if path.exists() else None
         job = found.get(r.name)
         key = ("done" if status in DONE else "failed" if status else job if job in ("running", "queued")
-               else "under way" if at_work and not job
-               else "stopped" if (r.folder / "ckpt.pt").exists() else "failed" if job else "not submitted")
+               else "running" if held(r.folder) else "queued" if at_work and not job
+               else "stopped" if (r.folder / "ckpt.pt").exists()
+               else "not started" if job and not (r.folder / "log.txt").exists()
+               else "failed" if job else "not submitted")
         groups[key].append(r.name)
     return groups
 
@@ -72,20 +77,20 @@ def tuning_line(out_dir: Path) -> str | None:
 
 
 def status(out_dir: Path) -> int:
-    """Print the runs by where they stand; 0 while some are queued, running or under way, 1 once none is."""
+    """Print the runs by where they stand; 0 while some are queued or running, 1 once none is."""
     groups = standing(out_dir)
     line = tuning_line(out_dir)
     if line:
         print(line)
     print(", ".join(f"{len(names)} {key}" for key, names in groups.items() if names or key not in SOMETIMES))
-    for key in ("running", "queued", "under way", "not submitted"):
+    for key in ("running", "queued", "not started", "not submitted"):
         for name in groups[key]:
             print(f"  {key}: {name}")
     for name in groups["stopped"]:
         print(f"  stopped (resumable): {name}: {last_line(out_dir / name)}")
     for name in groups["failed"]:
         print(f"  failed: {name}: {last_line(out_dir / name)}")
-    return 0 if groups["running"] or groups["queued"] or groups["under way"] else 1
+    return 0 if groups["running"] or groups["queued"] else 1
 
 
 def cancel(out_dir: Path) -> int:
