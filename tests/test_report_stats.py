@@ -3,6 +3,7 @@
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from scipy import stats
@@ -228,3 +229,18 @@ def test_the_size_table_says_where_a_verdict_holds():
         ("pos_encoding", "n_embd=64", "paired"), ("pos_encoding", "n_embd=128", "paired")]
     table = comparisons.size_section(axes, levels)
     assert "| pos_encoding | none | learned | — | worse from n_embd=128 on (within noise below) |" in table
+
+
+def test_runs_that_shared_their_cores_are_named_and_left_out_of_the_time_comparison():
+    from gpt.sweep import comparisons
+    def run(label, seed, share, slope):
+        evals = [{"iter": it, "val_loss": 4.0 - slope * it, "elapsed_s": it / 10.0} for it in (0, 100, 200)]
+        return {"_setting": label, "seed": seed, "final_val_loss": evals[-1]["val_loss"], "status": "finished",
+                "diverged": False, "per_character": False, "_evals": evals, "_folder": Path(f"{label}{seed}"),
+                "_config": {"batch_size": 2, "block_size": 4}, "params": 100.0, "params_no_emb": 90.0,
+                "flops_per_token": 600.0, "cpu_share": share}
+    rows = [run("a", 0, 0.97, 0.005), run("a", 1, 0.95, 0.005), run("b", 0, 0.4, 0.006), run("b", 1, 0.96, 0.006)]
+    table = comparisons.compute_section(report.summarize(rows))
+    assert "1 of the 4 runs got less than 80% of their threads' CPU time" in table and "b0 (40%)" in table
+    # the time column reads seed 1 of b alone: 4.0 - 0.006 * 200 at 20 s
+    assert "| b | 100 (90) | 600 | 2.800 ± 0.000 | 2.800 ± 0.000 | 2.800 |" in table

@@ -14,6 +14,8 @@ from .tune import Tuning, point_label
 
 # settings further apart than this in parameters or FLOPs per token spend unequal compute per step
 COMPUTE_GAP = 0.05
+# a CPU run whose threads got less of their time than this shared its cores: its speed is not the setting's
+CONTENDED = 0.8
 
 
 def p_text(p: float) -> str:
@@ -111,15 +113,20 @@ def compute_section(summary: list[dict]) -> str:
     if not settings:        # runs without a config.json to size them by
         return ""
     runs = [r for s in settings for r in counted(s["_group"])]
-    budgets = {x: common_budget(runs, x) for x in ("flops", "seconds")}
+    contended = [r for r in runs if r.get("cpu_share", math.nan) < CONTENDED]
+    apart = {id(r) for r in contended}
+    timed = [r for r in runs if id(r) not in apart]
+    budgets = {"flops": common_budget(runs, "flops"), "seconds": common_budget(timed, "seconds")}
+    seconds = (f"at {budgets['seconds']:.3g} s of training" if math.isfinite(budgets["seconds"])
+               else "at equal training time (no run had its cores to itself)")
     lines = ["| setting | parameters (without embeddings) | FLOPs per token | val loss at equal steps "
-             f"| at {budgets['flops']:.3g} FLOPs | at {budgets['seconds']:.3g} s of training |",
+             f"| at {budgets['flops']:.3g} FLOPs | {seconds} |",
              "|---|---|---|---|---|---|"]
     for s in settings:
         group = counted(s["_group"])
         cells = []
         for x in ("flops", "seconds"):
-            values = [loss_at(along(r, x), budgets[x]) for r in group]
+            values = [loss_at(along(r, x), budgets[x]) for r in group if x == "flops" or id(r) not in apart]
             values = [v for v in values if math.isfinite(v)]
             cells.append(mean_text(values))
         first = group[0]
@@ -129,6 +136,12 @@ def compute_section(summary: list[dict]) -> str:
     said = ("Compute: each setting's size and its val loss at the largest FLOPs budget and the longest "
             "training time every run reached (read off its eval curve, linear between evaluations). "
             "Seconds compare only runs that ran alike (see ran_as and the speed notes).")
+    if contended:
+        said += (f" {len(contended)} of the {len(runs)} runs got less than {CONTENDED:.0%} of their threads' CPU "
+                 "time (sweep.csv's cpu_share: other work shared the cores), so their seconds and tokens/s are "
+                 "not the setting's; the time column leaves them out: "
+                 + ", ".join(f"{r['_folder'].name} ({r['cpu_share']:.0%})" for r in contended[:5])
+                 + (f" and {len(contended) - 5} more" if len(contended) > 5 else "") + ".")
     gap = compute_gap(settings)
     return said + ("\n\n" + gap if gap else "") + "\n\n" + "\n".join(lines)
 

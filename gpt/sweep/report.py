@@ -284,7 +284,7 @@ def report(out_dir: Path, x: str = "steps") -> str:
     names = axis_names(sweep["axes"])
     in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
     columns = [*names, *sweep.get("tune", {}), "seed", "final_train_loss", "final_val_loss", "best_val_loss",
-               *in_bits, "tokens_per_sec", "elapsed_s", *COLUMNS, "diverged", "status", "code", "ran_as"]
+               *in_bits, "tokens_per_sec", "cpu_share", "elapsed_s", *COLUMNS, "diverged", "status", "code", "ran_as"]
     summary = summarize(rows)
     table = partial(rows, tunings) + summary_table(summary) + "\n\n" + notes(rows, [*names, *sweep.get("tune", {})])
     levels = within_level_rows(sweep["axes"], summary)

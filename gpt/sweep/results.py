@@ -103,6 +103,7 @@ def run_row(r: SweepRun, names: list[str], tuned: list[str]) -> dict:
     result = read_json(result_path) if result_path.exists() else {}
     final = evals[-1] if evals else {}
     speeds = [e["tokens_per_sec"] for e in evals if e.get("tokens_per_sec")]
+    shares = [e["cpu_share"] for e in evals if isinstance(e.get("cpu_share"), (int, float))]
     val = final.get("val_loss", math.nan)
     best = min((e["val_loss"] for e in evals if math.isfinite(e["val_loss"])), default=math.nan)
     in_bpc = per_character_run(evals, record)
@@ -115,6 +116,7 @@ def run_row(r: SweepRun, names: list[str], tuned: list[str]) -> dict:
            "per_character": in_bpc, "final_val_bpc": bpc(val) if in_bpc else math.nan,
            "best_val_bpc": bpc(best) if in_bpc else math.nan,
            "tokens_per_sec": statistics.median(speeds) if speeds else math.nan,
+           "cpu_share": statistics.median(shares) if shares else math.nan,
            "elapsed_s": final.get("elapsed_s", math.nan),   # training time, across resumes
            "diverged": result.get("status") == "diverged" or (bool(evals) and not math.isfinite(val)),
            "status": result.get("status", "not run"),

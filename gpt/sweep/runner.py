@@ -80,10 +80,10 @@ def run(args, argv: list[str]) -> int:
         write_json(out_dir / "sweep.json", sweep)
         while True:
             todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
-            if sweep_cfg.launcher != "local":
-                code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
-            else:
-                code = _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, final)
+            if sweep_cfg.launcher == "local":    # a tuned sweep's next runs start as the results come
+                more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if args.tune else None
+                return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more)
+            code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
             if code or final or sweep_cfg.launcher == "slurm":
                 return code
             runs, final = _stage(tune.plan(sweep, out_dir))
@@ -118,6 +118,22 @@ def _check_tuned_read(values: dict, axes: dict, grids: dict) -> None:
             raise UserError(f"--tune {name}: optimizer={','.join(sorted(set(optimizers)))} does not read it, so "
                             f"its grid would train alike; only {', '.join(READ_BY_OPTIMIZERS[name])} reads it: "
                             "set --optimizer to it, or sweep optimizer too")
+
+
+def _more_runs(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun]):
+    """For a tuned sweep run here: a function that gives the runs its plan holds now and did not
+    before (a grid's next point, a setting's runs at its chosen value), with those still to train."""
+    known = {r.folder for r in runs}
+
+    def more() -> tuple[list[SweepRun], list[SweepRun]]:
+        current, _ = _stage(tune.plan(sweep, out_dir))
+        fresh = [r for r in current if r.folder not in known]
+        if not fresh:
+            return [], []
+        cfgs = _checked(values, sweep_cfg, fresh, out_dir)
+        known.update(r.folder for r in fresh)
+        return fresh, [r for r, _ in _unfinished(fresh, cfgs, [_done(r.folder) for r in fresh])]
+    return more
 
 
 def _stage(current: tune.Plan) -> tuple[list[SweepRun], bool]:
@@ -160,8 +176,10 @@ def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple
 
 
 def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path,
-              final: bool = True) -> int:
-    """Run todo, jobs at a time; once all have ended and these are the sweep's last, the report."""
+              more=None) -> int:
+    """Run todo, jobs at a time, then write the report. more(), where given, is asked for runs to add
+    (all, and those to train) whenever a run has ended and a place is free: a tuned sweep's next
+    runs start as soon as the results that choose them are in."""
     tuning = sum(r.stage == "tune" for r in runs)
     stage = f" ({tuning} tuning, {len(runs) - tuning} at each setting's chosen value)" if tuning else ""
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)}{stage} ({len(runs) - len(todo)} already finished), "
@@ -172,8 +190,24 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(raise_on_signal)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
+    ended = True        # a run has ended since more() was last asked: its answer may have changed
     try:
-        while todo or running:
+        while True:
+            if more and ended and not todo and len(running) < jobs:
+                ended = False
+                try:
+                    fresh, to_train = more()
+                except UserError:       # an extended grid point that is no valid config
+                    _stop(running, done, len(runs), "a run the sweep would start next is not valid")
+                    raise
+                runs.extend(fresh)
+                todo.extend(to_train)
+                done += len(fresh) - len(to_train)
+                if fresh:
+                    print(f"[{done}/{len(runs)} done] {len(to_train)} more run{'s' * (len(to_train) != 1)} "
+                          "to train, now that tuning results are in", flush=True)
+            if not (todo or running):
+                break
             while todo and len(running) < jobs:
                 r = todo.pop(0)
                 try:
@@ -196,6 +230,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
                 done += 1
+                ended = True
                 _record(running.pop(proc), proc.returncode, done, len(runs), walls, jobs)
     except KeyboardInterrupt as stop:
         signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
@@ -206,8 +241,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = [r for r in runs if not _done(r.folder)]
-    if final or failed:
-        report(out_dir)
+    report(out_dir)
     if failed:
         print(f"{len(failed)} of {len(runs)} runs failed (see log.txt in their folders, e.g. "
               f"{failed[0].folder / 'log.txt'}); run the same command again to retry them",

@@ -124,6 +124,7 @@ class Loop:
             if run.master and run.world == 1 and run.at.start_iter < cfg.max_iters:
                 estimate.say(run, self.all_threads, lambda: self.stop.signal is not None)
             self.t_start = self.tick = self.step_end = time.perf_counter()     # the estimate is not training
+            self.cpu_tick = time.process_time()
             self.bar = progress(cfg.max_iters, run.out_dir.name, "steps", run.at.start_iter, disable=not run.master)
             with contextlib.closing(self.bar):
                 it = self.fit_steps()
@@ -235,7 +236,7 @@ class Loop:
             return False
         row = {"kind": "eval", "iter": it, **losses, **bpc_columns(losses, run.meta), "lr": lr,
                "tokens_per_sec": self.tokens_since / since_tick if self.tokens_since else 0.0,
-               "elapsed_s": self.elapsed(), "unigram_loss": run.unigram}
+               "elapsed_s": self.elapsed(), "unigram_loss": run.unigram, **self.cpu_share(since_tick)}
         # rank 0 alone logs them, and on the unwrapped model they wait for no other rank
         if cfg.diagnostics and run.master:
             x, y = run.batches.evenly_spaced("val", 1, run.eval_batch)
@@ -268,8 +269,18 @@ class Loop:
                 self.save(it, best=improved)
         self.summary.update(row)
         self.tick, self.tokens_since = time.perf_counter(), 0
+        self.cpu_tick = time.process_time()
         self.step_end = self.tick             # step times leave evaluation out
         return True
+
+    def cpu_share(self, since_tick: float) -> dict:
+        """On a CPU, the share of its threads' time the steps since the last evaluation got: near 1
+        alone on its cores, less where other work took them, so its tokens/s is no measure of the
+        setting. Its threads: the split's parts, else torch's."""
+        if torch.device(self.run.device).type != "cpu" or not self.tokens_since or since_tick <= 0:
+            return {}
+        threads = self.run.split.parts if self.run.split else torch.get_num_threads()
+        return {"cpu_share": (time.process_time() - self.cpu_tick) / (since_tick * threads)}
 
     def all_threads(self):
         """For evaluations of a run whose steps split rows between threads: every thread at once."""
