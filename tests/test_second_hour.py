@@ -73,12 +73,12 @@ def test_status_shows_a_stopped_run_with_a_checkpoint_as_resumable(tmp_path, cap
                         "run again, continues it"]
 
 
-def test_status_shows_the_runs_of_a_local_sweep_at_work_as_under_way(tmp_path, capsys):
+def test_status_shows_the_runs_of_a_local_sweep_at_work_as_queued_until_they_train(tmp_path, capsys):
     out = sweep_folder(tmp_path)
     with checkpoint.hold_folder(out):       # as the sweep process holds its folder while it runs
         assert status.status(out) == 0
     said = capsys.readouterr().out.splitlines()
-    assert said[0] == "0 done, 0 running, 0 queued, 2 under way, 0 failed, 0 not submitted"
+    assert said[0] == "0 done, 0 running, 2 queued, 0 failed, 0 not submitted"
 
 
 class Running:
