@@ -118,6 +118,8 @@ def read_tokens(argv: list[str], fields: dict, sections) -> tuple[str | None, di
                 raise UserError(f"--sweep {value!r} should look like --sweep name=v1,v2")
             for part in axis.split(LINK):
                 check_axis_name(part, fields)
+            if len(set(axis.split(LINK))) != len(axis.split(LINK)):
+                raise UserError(f"--sweep {axis} links an option with itself; link two different options")
             if axis in sweep:
                 raise UserError(f"--sweep {axis} is given twice; list all its values in one: "
                                 f"--sweep {axis}=v1,v2")

@@ -303,8 +303,9 @@ class TrainConfig:
                                   "position similarity and per-head attention entropy at each evaluation")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is nan/inf instead of stopping")
     stop_hopeless: bool = opt(False, "stop the run (status pruned, exit status 4) at an evaluation after "
-                              "warmup whose val loss is above the unigram level: it has learned less than "
-                              "the characters' frequencies; a sweep's --tune_prune sets it on tuning runs")
+                              "warmup whose val loss is above the unigram level and no better than the "
+                              "evaluations before: it has stopped learning short of the characters' "
+                              "frequencies; a sweep's --tune_prune sets it on tuning runs")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
                           "deleting them; without it such a start is refused")
@@ -390,7 +391,7 @@ class SweepConfig:
                          "confirmation seeds seed, seed+1, ...")
     tune_extend: int = opt(2, "with --tune: a best value at its grid's edge adds one more grid step that "
                            "way, at most this many times per edge")
-    tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss is above the unigram "
+    tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss stays above the unigram "
                            "level after warmup (stop_hopeless); they count as the worst loss")
     slurm_partition: str = opt("", "Slurm partition; empty: the cluster's default")
     slurm_time: int = opt(60, "minutes per run, Slurm's time limit (also submitit_local's); a run "

@@ -172,6 +172,8 @@ LINK = ":"      # an axis named n_layer:n_embd moves both options together, valu
 def linked_values(key: str, listed, typed, where: str) -> list[tuple]:
     """A linked axis's values as tuples, one part per option: from TOML pairs [2, 128] or text 2:128."""
     names = key.split(LINK)
+    if len(set(names)) != len(names):
+        raise UserError(f"{where} {key} links an option with itself; link two different options")
     if not isinstance(listed, list) or not listed:
         raise UserError(f"{where} {key} lists no values; give them as [{', '.join(['...'] * len(names))}] lists")
     out = []

@@ -92,13 +92,13 @@ The baseline ends at step 500; each run is held to its own seed's baseline run, 
 
 
 """
-HEALTHY_CSV = f"""n_layer,seed,final_train_loss,final_val_loss,best_val_loss,tokens_per_sec,elapsed_s,params,params_no_emb,flops_per_token,tokens,total_flops,seconds,diverged,status,code,ran_as
-4,0,2.3717,2.3817,2.3817,5000.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
-4,1,2.3809,2.3909,2.3909,5001.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
-4,2,2.3747000000000003,2.3847,2.3847,5002.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
-6,0,2.4415,2.4515,2.4515,5000.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
-6,1,2.4136,2.4236,2.4236,5001.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
-6,2,2.4111000000000002,2.4211,2.4211,5002.0,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+HEALTHY_CSV = f"""n_layer,seed,final_train_loss,final_val_loss,best_val_loss,tokens_per_sec,cpu_share,elapsed_s,params,params_no_emb,flops_per_token,tokens,total_flops,seconds,diverged,status,code,ran_as
+4,0,2.3717,2.3817,2.3817,5000.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+4,1,2.3809,2.3909,2.3909,5001.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+4,2,2.3747000000000003,2.3847,2.3847,5002.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+6,0,2.4415,2.4515,2.4515,5000.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+6,1,2.4136,2.4236,2.4236,5001.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
+6,2,2.4111000000000002,2.4211,2.4211,5002.0,nan,50.0,nan,nan,nan,nan,nan,nan,False,finished,{CODE},
 """.replace("\n", "\r\n")      # csv's own line ends
 
 

@@ -54,8 +54,8 @@ def test_a_diverged_tuning_run_counts_as_the_worst_loss_never_as_an_error():
     assert t.mean(1) == inf and t.chosen == {"learning_rate": 1e-1}
     everything = tune.tune_setting({}, ["learning_rate"], {"learning_rate": [1e-3, 1e-2]}, [7], 1,
                                    lambda p, seed: inf)
-    # all diverged: the lowest value, extended downward once, is the pick
-    assert everything.chosen == {"learning_rate": 1e-3} and len(everything.points) == 3
+    # all diverged: the grid extended downward once, and its lowest value is the pick
+    assert everything.chosen == {"learning_rate": 1e-4} and len(everything.points) == 3
 
 
 def test_grid_steps_are_factors_for_positive_grids_and_stay_whole_for_whole_numbers():
@@ -267,3 +267,61 @@ def test_a_sweeps_runs_are_one_wandb_group_with_their_settings_as_job_type_and_t
     run = wandb_run_record(confirm)
     assert run.run_group == "study" and run.job_type == "residual=true"
     assert {"residual=true", "seed=1337", "stage=confirm"} <= set(run.tags)
+
+
+def test_a_step_past_the_edge_that_is_no_valid_value_closes_that_edge():
+    # the best at the low edge; the next step down, 9e-05, would be under min_lr=1e-4
+    sweep = sweep_record(axes={"n_head": [4]}, tune={"learning_rate": [3e-4, 1e-3, 3e-3]},
+                         values={"min_lr": 1e-4, "n_embd": 64})
+    assert not tune.valid_point(sweep, {"n_head": 4, "learning_rate": 9e-5})
+    assert tune.valid_point(sweep, {"n_head": 4, "learning_rate": 3e-4})
+    t = tune.tune_setting({}, ["learning_rate"], sweep["tune"], [7], 2,
+                          losses_from({3e-4: 2.0, 1e-3: 2.1, 3e-3: 2.2}),
+                          lambda point: tune.valid_point(sweep, {"n_head": 4, **point}))
+    assert t.chosen == {"learning_rate": 3e-4} and len(t.points) == 3
+    assert t.where("learning_rate", 2) == ("at the low edge: the next step, 9e-05, is not a valid value, so the "
+                                           "best may lie beyond")
+    # a beta stepped to 1 or past it is no value either
+    beta = tune.tune_setting({}, ["beta2"], {"beta2": [0.95, 0.99]}, [7], 2,
+                             lambda p, s: {0.95: 2.1, 0.99: 2.0}[p["beta2"]],
+                             lambda point: tune.valid_point({"values": {}}, point))
+    assert beta.chosen == {"beta2": 0.99} and "is not a valid value" in beta.where("beta2", 2)
+
+
+def test_a_setting_that_learned_at_no_value_says_so():
+    from gpt.sweep import comparisons
+    t = tune.tune_setting({}, ["learning_rate"], {"learning_rate": [1e-2, 1e-1]}, [7], 2, lambda p, s: math.inf)
+    # every point diverged: the grid grows downward to its limit, and the lowest is used
+    assert [p["learning_rate"] for p in t.points] == [1e-2, 1e-1, 1e-3, 1e-4] and t.chosen == {"learning_rate": 1e-4}
+    assert not t.trained and t.where("learning_rate", 2).startswith("none: every value tried diverged")
+    assert comparisons.sensitivity_text(t, {}) == "—"
+
+
+def test_within_levels_finds_a_setting_made_once_for_an_optimizer_that_does_not_read_an_axis():
+    from gpt.sweep import stats as st
+    axes = {"optimizer": ["adamw", "muon"], "muon_lr": [0.01, 0.02]}
+    labels = {st.key_of(s): grid_label for s, grid_label in
+              (({"optimizer": "adamw"}, "adamw"), ({"optimizer": "muon", "muon_lr": 0.01}, "muon 0.01"),
+               ({"optimizer": "muon", "muon_lr": 0.02}, "muon 0.02"))}
+    assert st.within_levels(axes, labels) == [
+        ("optimizer", "muon_lr=0.01", "adamw", "muon 0.01"), ("optimizer", "muon_lr=0.02", "adamw", "muon 0.02"),
+        ("muon_lr", "optimizer=muon", "muon 0.01", "muon 0.02")]
+
+
+def test_a_tuned_option_no_schedule_reads_is_refused():
+    from gpt.sweep import runner
+    with pytest.raises(UserError, match=r"--tune cooldown_frac: lr_schedule=cosine does not read it"):
+        runner._check_tuned_read({}, {"n_head": [2, 4]}, {"cooldown_frac": [0.1, 0.2]})
+    runner._check_tuned_read({"lr_schedule": "wsd"}, {"n_head": [2, 4]}, {"cooldown_frac": [0.1, 0.2]})
+    with pytest.raises(UserError, match="--sweep n_layer:n_layer links an option with itself"):
+        parse_argv(["--sweep", "n_layer:n_layer=1:2,3:4"])
+
+
+@pytest.mark.e2e
+def test_stop_hopeless_lets_a_slow_start_train_on(data_dir, tmp_path):
+    # a rate far too low: above the unigram level after warmup, but still falling, so not pruned
+    assert train.main(tiny_args(data_dir, tmp_path / "slow", "--max_iters=12", "--eval_interval=3",
+                                "--learning_rate=1e-5", "--min_lr=1e-6", "--stop_hopeless=true")) == 0
+    # a rate that blows up: pruned at its first evaluation after warmup, exit status 4
+    assert train.main(tiny_args(data_dir, tmp_path / "fast", "--max_iters=12", "--eval_interval=3",
+                                "--learning_rate=30", "--grad_clip=0", "--stop_hopeless=true")) == 4

@@ -202,6 +202,8 @@ def point_label_list(values: list) -> str:
 def sensitivity_text(t: Tuning, by_folder: dict) -> str:
     """LR sensitivity over the points of the given grid (the same for every setting, so that the
     figures compare), from each point's mean loss and the runs' initial loss."""
+    if not t.trained:
+        return "—"
     base = [i for i, p in enumerate(t.points) if p in t.base]
     initial = [e["val_loss"] for r in by_folder.values() if r["_setting_values"] == t.setting
                for e in r["_evals"][:1] if e["iter"] == 0 and math.isfinite(e["val_loss"])]

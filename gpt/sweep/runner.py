@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from .. import checkpoint
-from ..config import READ_BY_OPTIMIZERS, REPO_ROOT, SweepConfig, TrainConfig, build, read_by_optimizer
+from ..config import (READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, SweepConfig, TrainConfig, build, read_by,
+                      read_by_optimizer)
 from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
@@ -20,8 +21,8 @@ from ..progress import duration
 from ..train.outcome import DIVERGED_EXIT, PRUNED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
-from .grid import (DONE, SweepRun, changed_settings, check_grid, count_runs, final_eval, finished_by_checkpoint,
-                   read_json, run_threads, settings_of, train_argv)
+from .grid import (DONE, SweepRun, axis_names, changed_settings, check_grid, count_runs, final_eval,
+                   finished_by_checkpoint, read_json, run_threads, settings_of, train_argv)
 from . import submit, tune
 from .report import report
 
@@ -58,16 +59,22 @@ def run(args, argv: list[str]) -> int:
     axes = args.sweep
     if record and isinstance(record.get("axes"), dict) and set(record["axes"]) == set(axes):
         axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
-    pin_eval_batch(values, axes, record)
+    grids = args.tune
+    if record and isinstance(record.get("tune"), dict) and set(record["tune"]) == set(grids):
+        grids = {name: grids[name] for name in record["tune"]}     # and the tuning runs' names
+    pin_eval_batch(values, axes, args.tune, record)
     sweep = {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
              "command": " ".join(["python", "train.py", *argv]),
              **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
-             **({"tune": args.tune, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
-                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune} if args.tune else {})}
-    if args.tune:
+             **({"tune": grids, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
+                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune,
+                 # what a grid's next step is checked against, wherever the plan is made again
+                 "values": {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}}
+                if grids else {})}
+    if grids:
         tune.check_seeds(sweep)
-        _check_tuned_read(values, axes, args.tune)
-    count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in args.tune.values()) if args.tune else 0)
+        _check_tuned_read(values, axes, grids)
+    count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in grids.values()) if grids else 0)
     runs, final = _stage(tune.plan(sweep, out_dir))
     run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
     for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
@@ -86,15 +93,22 @@ def run(args, argv: list[str]) -> int:
             code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
             if code or final or sweep_cfg.launcher == "slurm":
                 return code
+            before = [r.folder for r in runs]
             runs, final = _stage(tune.plan(sweep, out_dir))
+            if [r.folder for r in runs] == before:    # its runs are another start's jobs, still at work
+                print("the tuning runs left are jobs of an earlier start, still at work; once they end, run the "
+                      "same command again to go on (python -m gpt.sweep status shows them)")
+                return 0
             run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
 
 
-def pin_eval_batch(values: dict, axes: dict, record: dict | None) -> None:
-    """With a batch_size axis, every run is scored on the same windows: eval_batch_size is set to the
-    axis's first value, or to what the sweep's record kept, unless given."""
-    if "batch_size" not in axes or "eval_batch_size" in {*values, *axes}:
+def pin_eval_batch(values: dict, axes: dict, grids: dict, record: dict | None) -> None:
+    """With a batch_size axis (or a tuned batch_size), every run is scored on the same windows:
+    eval_batch_size is set to the first batch size, or to what the sweep's record kept, unless given."""
+    names = axis_names(axes)
+    if ("batch_size" not in names and "batch_size" not in grids) or "eval_batch_size" in {*values, *names}:
         return
+    first = settings_of(axes)[0].get("batch_size") if "batch_size" in names else grids["batch_size"][0]
     # else each batch size would be scored on its own windows, and the evaluation would differ
     # with the axis: 0.04 in val loss for one model, more than the seed spread of a study. The
     # sweep's first choice stays, so that the axis may gain a value in front
@@ -102,7 +116,7 @@ def pin_eval_batch(values: dict, axes: dict, record: dict | None) -> None:
     old_axis = old_axes.get("batch_size") if isinstance(old_axes, dict) else None
     pinned = (record["eval_batch_size"] if record and "eval_batch_size" in record
               else old_axis[0] if isinstance(old_axis, list) and old_axis else None)    # older records
-    values["eval_batch_size"] = pinned if type(pinned) is int and pinned >= 0 else axes["batch_size"][0]
+    values["eval_batch_size"] = pinned if type(pinned) is int and pinned >= 0 else first
     if values["eval_batch_size"]:
         print(f"batch_size is an axis: every run is evaluated alike, on eval_iters batches of "
               f"{values['eval_batch_size']} windows (--eval_batch_size=0 gives each run its own "
@@ -110,10 +124,14 @@ def pin_eval_batch(values: dict, axes: dict, record: dict | None) -> None:
 
 
 def _check_tuned_read(values: dict, axes: dict, grids: dict) -> None:
-    """Refuse a tuned option that no run's optimizer reads: its grid points would train alike."""
+    """Refuse a tuned option that no run's optimizer or schedule reads: its grid points would train alike."""
     optimizers = [s["optimizer"] for s in settings_of(axes) if "optimizer" in s] or \
         [values.get("optimizer", TrainConfig.optimizer)]
+    schedules = {s.get("lr_schedule", values.get("lr_schedule", TrainConfig.lr_schedule)) for s in settings_of(axes)}
     for name in grids:
+        if not any(read_by(schedule, name) for schedule in schedules):
+            raise UserError(f"--tune {name}: lr_schedule={','.join(sorted(schedules))} does not read it, so its "
+                            f"grid would train alike; only {', '.join(READ_BY_SCHEDULES[name])} read it")
         if not any(read_by_optimizer(o, name) for o in optimizers):
             raise UserError(f"--tune {name}: optimizer={','.join(sorted(set(optimizers)))} does not read it, so "
                             f"its grid would train alike; only {', '.join(READ_BY_OPTIMIZERS[name])} reads it: "

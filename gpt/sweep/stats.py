@@ -8,6 +8,7 @@ import itertools
 import math
 import statistics
 
+from ..config import read_by_optimizer
 from .grid import factors
 
 # the family-wise error of a study's comparisons, all together
@@ -101,7 +102,9 @@ def verdict(diff: float, p_holm: float) -> str:
 def within_levels(axes: dict[str, list], labels: dict[tuple, str]) -> list[tuple[str, str, str, str]]:
     """The factorial reading of a grid: along each axis, each value against the axis's first value,
     within each level of the other axes. labels maps a setting's (name, value) pairs, sorted, to its
-    label. Returns (axis, level, baseline label, setting label), for the settings the grid holds."""
+    label. Returns (axis, level, baseline label, setting label), for the settings the grid holds; a
+    setting made once for an optimizer that does not read an axis (AdamW and muon_lr) is found
+    under its own values, and never compared with itself."""
     parts = factors(axes)
     out = []
     for i, (names, values) in enumerate(parts):
@@ -109,12 +112,19 @@ def within_levels(axes: dict[str, list], labels: dict[tuple, str]) -> list[tuple
         for level in itertools.product(*(vals for _, vals in others)):
             fixed = {n: v for (ns, _), value in zip(others, level) for n, v in zip(ns, value)}
             where = ", ".join(f"{n}={shown_value(v)}" for n, v in fixed.items()) or "—"
-            base = labels.get(key_of({**fixed, **dict(zip(names, values[0]))}))
+            base = labels.get(key_of(read_only({**fixed, **dict(zip(names, values[0]))})))
             for value in values[1:]:
-                label = labels.get(key_of({**fixed, **dict(zip(names, value))}))
-                if base and label:
+                label = labels.get(key_of(read_only({**fixed, **dict(zip(names, value))})))
+                if base and label and label != base:
                     out.append((":".join(names), where, base, label))
     return out
+
+
+def read_only(setting: dict) -> dict:
+    """A setting without the options its optimizer does not read, as the grid holds it."""
+    if "optimizer" not in setting:
+        return setting
+    return {k: v for k, v in setting.items() if read_by_optimizer(setting["optimizer"], k)}
 
 
 def key_of(setting: dict) -> tuple:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -115,7 +116,8 @@ def cancel(out_dir: Path) -> int:
             os.kill(record["submitter"], signal.SIGTERM)    # the waiting sweep stops its own jobs
         for name in live:
             if record["jobs"][name].get("id"):
-                os.kill(int(record["jobs"][name]["id"]), signal.SIGINT)
+                with contextlib.suppress(ProcessLookupError):   # it ended meanwhile
+                    os.kill(int(record["jobs"][name]["id"]), signal.SIGINT)
     print(f"cancelled {len(live)} run{'s' * (len(live) != 1)}: {', '.join(live)}; the sweep's command "
           "submits them again, and each resumes from its checkpoint")
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -56,8 +57,17 @@ def started_at(pid) -> int | None:
 def is_ours(pid, start) -> bool:
     """Whether pid is still the process recorded with this start time: after a kill -9, an OOM kill or
     a reboot, its id may belong to another process, which must never be signalled. A record without
-    a start time (older ones) is never taken as ours."""
-    return start is not None and pid is not None and started_at(pid) == start
+    a start time (older ones) is never taken as ours. Where there is no /proc to ask (macOS), a
+    process of that id is taken as ours, as no more can be known."""
+    if pid is None:
+        return False
+    if not Path("/proc/self/stat").exists():
+        try:
+            os.kill(int(pid), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+    return start is not None and started_at(pid) == start
 
 
 def submitter_alive(record: dict) -> bool:
@@ -67,8 +77,12 @@ def submitter_alive(record: dict) -> bool:
 
 def _alive(pid, start) -> bool:
     """A local job's controller, still running: the process recorded, and submitit's."""
+    if not is_ours(pid, start):
+        return False
     try:
-        return is_ours(pid, start) and b"submitit" in Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+        return b"submitit" in Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+    except FileNotFoundError:       # no /proc at all: is_ours could tell no more
+        return not Path("/proc/self").exists()
     except (OSError, TypeError, ValueError):
         return False
 

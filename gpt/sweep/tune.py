@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import read_by_optimizer
+from ..config import GPTConfig, TrainConfig, build, read_by_optimizer
 from ..errors import UserError
 from .grid import DONE, SweepRun, expand, final_eval, read_json, run_folder, settings_of
 
@@ -68,7 +68,13 @@ class Tuning:
     points: list[dict]
     losses: list[list[float | None]]
     extended: dict = field(default_factory=dict)      # (name, "low" | "high") -> grid steps added
+    closed: dict = field(default_factory=dict)        # (name, side) -> the next step, not a valid value
     chosen: dict | None = None
+
+    @property
+    def trained(self) -> bool:
+        """Whether some point trained without diverging or being pruned."""
+        return any(self.mean(i) < math.inf for i in range(len(self.points)) if None not in self.losses[i])
 
     def mean(self, i: int) -> float:
         """Point i's mean loss over its tuning seeds; a diverged seed makes it the worst, inf."""
@@ -80,22 +86,29 @@ class Tuning:
         whether the edge was extended, up to its limit."""
         values = sorted({p[name] for p in self.points})
         v = self.chosen[name]
+        if not self.trained:
+            return "none: every value tried diverged or was pruned; the lowest is used"
         if values[0] < v < values[-1]:
             steps = sum(self.extended.get((name, side), 0) for side in ("low", "high"))
             return f"inside{f' (grid extended by {steps})' if steps else ''}"
         side = "low" if v == values[0] else "high"
         added = self.extended.get((name, side), 0)
+        if (name, side) in self.closed:
+            return (f"at the {side} edge: the next step, {self.closed[(name, side)]:g}, is not a valid value, "
+                    "so the best may lie beyond")
         if added >= limit:
             return f"at the {side} edge after {added} extension{'s' * (added != 1)}: the best may lie beyond"
         return f"at the {side} edge"
 
 
 def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds: list[int], extend: int,
-                 loss_at) -> Tuning:
+                 loss_at, valid=lambda point: True) -> Tuning:
     """A setting's tuning as far as its results go: loss_at(point, seed) is a run's final loss (inf
     if it diverged or was pruned) or None if it has not ended. The grid grows by one step past an
-    edge where the best point sits, up to `extend` steps per edge, and the choice is made once
-    every point has ended; on equal losses the first point in the grid wins."""
+    edge where the best point sits, up to `extend` steps per edge and only to points valid(point)
+    allows, and the choice is made once every point has ended; on equal losses the first point in
+    the grid wins. Where every point diverged, the lowest values count as the best, so the grid
+    grows downward."""
     if not names:       # it reads no tuned option (muon_lr under AdamW): nothing to choose
         return Tuning(setting, names, [], [], [], chosen={})
     base = [dict(zip(names, values)) for values in itertools.product(*(grids[n] for n in names))]
@@ -105,6 +118,8 @@ def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds:
         if any(v is None for ended in t.losses for v in ended):
             return t
         best = t.points[min(range(len(t.points)), key=lambda i: (t.mean(i), i))]
+        if not t.trained:       # nothing learned anywhere: look lower
+            best = min(t.points, key=lambda p: tuple(p[n] for n in names))
         added = False
         for name in names:
             values = sorted({p[name] for p in t.points})
@@ -112,7 +127,10 @@ def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds:
                 if best[name] != edge or t.extended.get((name, side), 0) >= extend:
                     continue
                 new = step_beyond(values, side == "low")
-                if new is None or new in values:
+                if new is None or new in values or not (new < edge if side == "low" else new > edge):
+                    continue
+                if not valid({**best, name: new}):
+                    t.closed[(name, side)] = new
                     continue
                 t.points.append({**best, name: new})
                 t.extended[(name, side)] = t.extended.get((name, side), 0) + 1
@@ -149,6 +167,20 @@ class Plan:
         return all(t.chosen is not None for t in self.tunings)
 
 
+def valid_point(sweep: dict, values: dict) -> bool:
+    """Whether a grid point, over the sweep's other values (recorded in sweep.json), is a config a
+    run accepts: a step past the edge may leave an option's range (a learning rate under min_lr, a
+    beta of 1). A sweep recorded without its values takes every point as valid."""
+    if "values" not in sweep:
+        return True
+    try:
+        build(GPTConfig, {**sweep["values"], **values})
+        build(TrainConfig, {**sweep["values"], **values})
+    except (UserError, TypeError, ValueError):
+        return False
+    return True
+
+
 def tuned_names(sweep: dict, setting: dict) -> list[str]:
     """The tuned options this setting reads: under AdamW, a muon_* option is not."""
     return [n for n in sweep["tune"] if "optimizer" not in setting or read_by_optimizer(setting["optimizer"], n)]
@@ -165,7 +197,8 @@ def plan(sweep: dict, out_dir: Path) -> Plan:
         def folder(point: dict, seed: int, setting=setting) -> Path:
             return run_folder(out_dir / TUNE_DIR, setting, seed, point)
         t = tune_setting(setting, tuned_names(sweep, setting), sweep["tune"], seeds, sweep.get("tune_extend", 2),
-                         lambda point, seed: ended_loss(folder(point, seed)))
+                         lambda point, seed: ended_loss(folder(point, seed)),
+                         lambda point, setting=setting: valid_point(sweep, {**setting, **point}))
         tunings.append(t)
         extra = {"stop_hopeless": True} if sweep.get("tune_prune") else {}
         tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune", extra) for p in t.points for s in seeds]

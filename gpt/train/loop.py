@@ -114,6 +114,7 @@ class Loop:
         self.local_steps = run.cfg.gradient_accumulation_steps // run.world     # micro-batches per rank
         self.tokens_since, self.skipped = 0, 0      # tokens trained since the last evaluation
         self.pending = Pending()
+        self.lowest_val = run.at.best_val       # the best evaluation yet, held on every rank
 
     def fit(self) -> dict:
         """Estimate the time the run will take, then evaluate every eval_interval steps (and at the
@@ -258,15 +259,18 @@ class Loop:
                 run.metrics.log({"kind": "event", "iter": it, "event": "nonfinite evaluation"})
             if not cfg.skip_nonfinite:
                 raise self.diverged(f"the evaluation loss became {row['val_loss']}", it)
-        elif cfg.stop_hopeless and it >= max(cfg.warmup_iters, 1) and row["val_loss"] > run.unigram:
+        elif (cfg.stop_hopeless and it >= max(cfg.warmup_iters, 1) and row["val_loss"] > run.unigram
+              and row["val_loss"] >= self.lowest_val):      # not a slow start: no better than before
             raise Hopeless(f"val loss {row['val_loss']:.4f} at iteration {it} is above the unigram level "
-                           f"{run.unigram:.4f} after warmup; stopped (stop_hopeless)")
+                           f"{run.unigram:.4f} after warmup, and no better than before; stopped (stop_hopeless)")
         elif run.master:
             improved = row["val_loss"] < at.best_val
             if improved:
                 at.best_val, at.best_iter = row["val_loss"], it
             if it > 0:          # an untrained model is not worth a file
                 self.save(it, best=improved)
+        if finite:      # on every rank, from the all-reduced losses, so that all stop alike
+            self.lowest_val = min(self.lowest_val, row["val_loss"])
         self.summary.update(row)
         self.tick, self.tokens_since = time.perf_counter(), 0
         self.cpu_tick = time.process_time()
