@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -316,12 +317,13 @@ def _problem(ckpt: dict, needs) -> str | None:
 
 
 @contextlib.contextmanager
-def hold_folder(folder: Path):
+def hold_folder(folder: Path, wait: bool = True):
     """Keep folder to this process while inside: a second process (the same command in another
     terminal, a sweep run again while its old runs still train) would interleave its log and
     checkpoints with this one's. The lock is the kernel's, so it goes with the process however
     that ends. It is a safety net: where it cannot be had (Windows has no flock; NFS and Lustre
-    refuse it on a folder), the work goes on without it."""
+    refuse it on a folder), the work goes on without it. It waits a second for a holder to let go
+    (a glance of `gpt.sweep status`), unless wait=False."""
     try:
         import fcntl
     except ImportError:
@@ -329,13 +331,18 @@ def hold_folder(folder: Path):
         return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"another process (a run or a sweep) is using {folder}; let it finish "
-                            "or stop it first, or choose another folder") from None
-        except OSError:
-            pass
+        tries = 20 if wait else 1   # a second: a glance of `gpt.sweep status`, which takes it for an instant, passes
+        for attempt in range(tries):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt == tries - 1:
+                    raise UserError(f"another process (a run or a sweep) is using {folder}; let it finish "
+                                    "or stop it first, or choose another folder") from None
+                time.sleep(0.05)
+            except OSError:
+                break
         yield
     finally:
         os.close(fd)

@@ -30,7 +30,7 @@ def held(folder: Path) -> bool:
     if not folder.is_dir():
         return False
     try:
-        with checkpoint.hold_folder(folder):
+        with checkpoint.hold_folder(folder, wait=False):
             return False
     except UserError:
         return True
