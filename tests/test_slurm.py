@@ -242,3 +242,26 @@ def test_status_tells_runs_training_from_runs_not_started_in_a_local_sweep_and_a
     assert groups["failed"] == ["n_layer=1__seed=0"]
     assert groups["not started"] == ["n_layer=2__seed=0", "n_layer=3__seed=0"]
     assert groups["not submitted"] == ["n_layer=4__seed=0"]
+
+
+def test_jobs_of_a_killed_submitit_local_sweep_are_named_orphaned_and_cancel_stops_them(tmp_path, capsys):
+    out = tmp_path / "sw"
+    out.mkdir()
+    (out / "sweep.json").write_text(json.dumps({"axes": {"n_layer": [1, 2]}, "seeds": 1, "base_seed": 0,
+                                                "command": "x"}))
+    # a job's controller, still at work after its sweep was killed with kill -9 (its cmdline names submitit)
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "submitit"])
+    try:
+        submitted.write(out, {"launcher": "submitit_local", "logs": str(out / "slurm"), "submitter": None,
+                              "jobs": {"n_layer=1__seed=0": {"id": job.pid, "at": 0.0,
+                                                             "start": submitted.started_at(job.pid)}}})
+        assert report.main(["status", str(out)]) == 0
+        said = capsys.readouterr().out
+        assert said.startswith("0 done, 1 running, 0 queued, 0 failed, 1 not submitted\n")
+        assert "1 of the running runs are jobs of a submitit_local sweep that no longer runs" in said
+        assert report.main(["cancel", str(out)]) == 0
+        assert "cancelled 1 run: n_layer=1__seed=0" in capsys.readouterr().out
+        assert job.wait(timeout=10) != 0            # stopped by the cancel's SIGINT
+    finally:
+        job.kill()
+        job.wait()

@@ -91,7 +91,19 @@ def status(out_dir: Path) -> int:
         print(f"  stopped (resumable): {name}: {last_line(out_dir / name)}")
     for name in groups["failed"]:
         print(f"  failed: {name}: {last_line(out_dir / name)}")
+    orphans = orphaned(out_dir)
+    if orphans:
+        print(f"{len(orphans)} of the running runs are jobs of a submitit_local sweep that no longer runs "
+              f"(killed outright): python -m gpt.sweep cancel {out_dir} stops them, each saving its checkpoint")
     return 0 if groups["running"] or groups["queued"] else 1
+
+
+def orphaned(out_dir: Path) -> list[str]:
+    """The local jobs still running whose sweep process has gone: nothing waits for them."""
+    record = submitted.read(out_dir)
+    if record.get("launcher") != "submitit_local" or submitted.submitter_alive(record):
+        return []
+    return [name for name, state in submitted.states(record).items() if state == "running"]
 
 
 def cancel(out_dir: Path) -> int:
