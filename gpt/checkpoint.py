@@ -3,8 +3,7 @@
 A checkpoint holds tensors and plain values only (the configs as dicts, the vocabulary as a
 list), so torch.load(weights_only=True) reads it. It is written to a temporary file, flushed to
 disk and renamed over the old one: a process killed at any moment leaves a loadable checkpoint.
-It carries a hash of each part as saved, checked when that part is loaded: a file damaged in a
-way that still decodes (a flipped bit in a weight) is refused rather than used.
+It carries a hash of each part as saved, checked when that part is loaded (integrity.py).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import pickle
 import re
 import shlex
 import shutil
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -30,6 +28,7 @@ from .config import REPLACED, GPTConfig, TrainConfig, build, type_problem, upgra
 from .config_files import available_configs, read_config_file
 from .data import valid_meta
 from .errors import UserError, first_line
+from .integrity import check_digests, digest
 from .model import GPT
 from .pretrained import weights_mismatch
 from .progress import progress
@@ -54,32 +53,6 @@ def fingerprint(folder: Path) -> str:
     except OSError:     # a file that cannot be read: nothing can be said
         return "unknown"
     return digest.hexdigest()[:12]
-
-
-def digest(value) -> str:
-    """A hash of a checkpoint's part: each tensor's dtype, shape and bytes and each plain value, in order."""
-    h = hashlib.sha256()
-
-    def walk(v) -> None:
-        if isinstance(v, torch.Tensor):
-            t = v.detach().cpu().contiguous()
-            h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())     # the bytes as they are, no copy
-        elif isinstance(v, dict):
-            h.update(b"{")
-            for key, item in v.items():
-                h.update(repr(key).encode() + b":")
-                walk(item)
-            h.update(b"}")
-        elif isinstance(v, (list, tuple)):      # a tuple saved may load as either
-            h.update(b"[")
-            for item in v:
-                walk(item)
-            h.update(b"]")
-        else:
-            h.update(repr(v).encode() + b",")
-    walk(value)
-    return h.hexdigest()[:32]
 
 
 def save(obj: dict, path: Path) -> None:
@@ -251,39 +224,6 @@ def load(path: Path, map_location="cpu", mmap: bool = False, needs=MODEL_KEYS, v
         raise UserError(f"{path} cannot be used: {problem}")
     check_digests(path, ckpt, needs if verify is None else verify)
     return ckpt
-
-
-_UNHASHED_SAID = set()      # checkpoints said once to predate the hashes
-
-
-def check_digests(path: Path, ckpt: dict, keys) -> None:
-    """Refuse a checkpoint whose parts `keys` no longer hash as they did when saved; say once of a
-    checkpoint older than the hashes that it is loaded unchecked."""
-    saved = ckpt.pop("digests", None)
-    if not isinstance(saved, dict):
-        if path not in _UNHASHED_SAID:
-            _UNHASHED_SAID.add(path)
-            print(f"note: {path} was saved before checkpoints carried a hash of their contents; it is "
-                  "loaded unchecked", file=sys.stderr)
-        return
-    damaged = [key for key in keys if key in ckpt and saved.get(key) != digest(ckpt[key])]
-    if damaged:
-        raise UserError(f"{path} is damaged: its {', '.join(damaged)} no longer match{'es' * (len(damaged) == 1)} "
-                        f"what was saved (the file changed on disk since){elsewhere(path)}")
-
-
-def elsewhere(path: Path) -> str:
-    """Where else a run's state may be whole: its other checkpoint, when it is another file."""
-    other = path.with_name("ckpt_best.pt" if path.name == "ckpt.pt" else "ckpt.pt")
-    try:
-        apart = other.is_file() and not os.path.samefile(path, other)
-    except OSError:
-        apart = False
-    if not apart:
-        return "; train the run again, or use another copy of the file"
-    use = ("copy it to ckpt.pt to resume from it, or sample it with --ckpt=best" if path.name == "ckpt.pt"
-           else "sample it with --ckpt=latest")
-    return f"; {other} is another file, which may be whole: {use}"
 
 
 def _problem(ckpt: dict, needs) -> str | None:

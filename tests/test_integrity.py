@@ -10,8 +10,7 @@ import torch
 import sample
 import train
 from conftest import tiny_args
-from gpt import checkpoint
-from gpt.errors import UserError
+from gpt import checkpoint, integrity
 
 pytestmark = pytest.mark.e2e
 
@@ -93,7 +92,7 @@ def test_another_runs_checkpoint_copied_in_is_refused_naming_both_unless_adopted
 
 def test_the_hash_covers_each_part_and_a_tuple_loads_as_saved():
     a = {"w": torch.ones(2, 3), "betas": (0.9, 0.99), "n": 3}
-    assert checkpoint.digest(a) == checkpoint.digest({"w": torch.ones(2, 3), "betas": [0.9, 0.99], "n": 3})
-    assert checkpoint.digest(a) != checkpoint.digest({**a, "w": torch.ones(3, 2)})      # the shape counts
-    assert checkpoint.digest(a) != checkpoint.digest({**a, "w": torch.ones(2, 3, dtype=torch.bfloat16)})
-    assert checkpoint.digest(a) != checkpoint.digest({**a, "n": 4})
+    assert integrity.digest(a) == integrity.digest({"w": torch.ones(2, 3), "betas": [0.9, 0.99], "n": 3})
+    assert integrity.digest(a) != integrity.digest({**a, "w": torch.ones(3, 2)})      # the shape counts
+    assert integrity.digest(a) != integrity.digest({**a, "w": torch.ones(2, 3, dtype=torch.bfloat16)})
+    assert integrity.digest(a) != integrity.digest({**a, "n": 4})

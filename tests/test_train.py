@@ -14,7 +14,7 @@ import torch
 import sample
 import train
 from conftest import ROOT, tiny_args
-from gpt import checkpoint
+from gpt import checkpoint, integrity
 from gpt.config import GPTConfig, TrainConfig
 from gpt.config_files import shown
 from gpt.errors import UserError
@@ -406,7 +406,7 @@ def test_a_resume_that_scores_other_windows_keeps_the_resumed_state_when_it_scor
 def save_as_saved(ckpt: dict, path) -> None:
     """An edited checkpoint saved with the hashes of its parts as they now are, as a run would save it."""
     parts = {k: v for k, v in ckpt.items() if k not in ("format", "digests")}
-    torch.save({**ckpt, "digests": {k: checkpoint.digest(v) for k, v in parts.items()}}, path)
+    torch.save({**ckpt, "digests": {k: integrity.digest(v) for k, v in parts.items()}}, path)
 
 
 @pytest.mark.e2e

@@ -17,6 +17,7 @@ from .. import checkpoint
 from ..config_files import shown
 from ..config import GPTConfig, TrainConfig, build
 from ..errors import UserError
+from ..integrity import elsewhere
 from .metrics import read_jsonl
 from .rundir import run_record
 
@@ -218,7 +219,7 @@ def restore(ckpt: dict, model, optimizer, batches, model_cfg: GPTConfig, cfg: Tr
     damage = state_damage(ckpt, optimizer.state_dict(), batches.state())
     if damage:
         raise UserError(f"{out_dir / 'ckpt.pt'} cannot be resumed: damage in its {damage[0]} ({damage[1]}); "
-                        f"no step of training leaves that, so the file is damaged{checkpoint.elsewhere(out_dir / 'ckpt.pt')}")
+                        f"no step of training leaves that, so the file is damaged{elsewhere(out_dir / 'ckpt.pt')}")
     optimizer.load_state_dict(ckpt["optimizer"])
     at = Position(start_iter=ckpt["iter"], best_val=ckpt["best_val_loss"], last_eval=ckpt["last_eval_iter"],
                   last_saved=ckpt["iter"], best_iter=ckpt.get("best_iter"))
