@@ -139,7 +139,7 @@ def test_a_muon_axis_without_muon_is_refused_in_one_line(data_dir, tmp_path, cap
 
 def metrics(out_dir, kind: str) -> list[dict]:
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec")}
+    return [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec", "cpu_share")}
             for r in rows if r["kind"] == kind]
 
 
