@@ -231,14 +231,14 @@ def test_status_tells_runs_training_from_runs_not_started_in_a_local_sweep_and_a
         (out / f"n_layer={n}__seed=0").mkdir()
     with checkpoint.hold_folder(out), checkpoint.hold_folder(out / "n_layer=1__seed=0"), \
             checkpoint.hold_folder(out / "n_layer=2__seed=0"):
-        assert status.standing(out) == {"done": [], "running": ["n_layer=1__seed=0", "n_layer=2__seed=0"],
+        assert status.standing(out)[0] == {"done": [], "running": ["n_layer=1__seed=0", "n_layer=2__seed=0"],
                                         "queued": ["n_layer=3__seed=0", "n_layer=4__seed=0"], "stopped": [],
                                         "not started": [], "failed": [], "not submitted": []}
     # a submitit_local sweep killed outright: its record lists jobs that ended, one of whose runs had begun
     submitted.write(out, {"launcher": "submitit_local", "logs": str(out / "slurm"), "submitter": None,
                           "jobs": {f"n_layer={n}__seed=0": {"id": None, "at": 0.0} for n in (1, 2, 3)}})
     (out / "n_layer=1__seed=0" / "log.txt").write_text("iter 0\nKilled\n")
-    groups = status.standing(out)
+    groups, _ = status.standing(out)
     assert groups["failed"] == ["n_layer=1__seed=0"]
     assert groups["not started"] == ["n_layer=2__seed=0", "n_layer=3__seed=0"]
     assert groups["not submitted"] == ["n_layer=4__seed=0"]

@@ -19,7 +19,7 @@ from .comparisons import (compute_section, crossings_text, diagnostics_table, si
 from .compute import COLUMNS
 from .grid import DONE, NOT_COMPARED, SPEED, axis_names, by_setting, counted
 from .study_plots import has_size, plot_lr, plot_size, size_fits
-from .tune import plan, point_label
+from .tune import point_label
 from .stats import compare, finals, holm, matched, verdict, welch_p
 from .plots import plot, plot_diagnostics
 from .results import LEFT_OUT, collect
@@ -277,10 +277,10 @@ def report(out_dir: Path, x: str = "steps") -> str:
     diagnostics.png into out_dir, and for a tuned sweep tuning.csv and lr.png, for a sweep with a
     size axis size.png; print and return the summary table."""
     out_dir = Path(out_dir)
-    sweep, every = collect(out_dir)
+    sweep, every, current = collect(out_dir)
     rows = [r for r in every if r["_stage"] == "confirm"]
     tuning_rows = [r for r in every if r["_stage"] == "tune"]
-    tunings = plan(sweep, out_dir).tunings
+    tunings = current.tunings
     names = axis_names(sweep["axes"])
     in_bits = ["final_val_bpc", "best_val_bpc"] if any(r["per_character"] for r in rows) else []
     columns = [*names, *sweep.get("tune", {}), "seed", "final_train_loss", "final_val_loss", "best_val_loss",

@@ -15,7 +15,7 @@ from ..train.metrics import read_metrics
 from ..train.rundir import listed_in
 from .compute import compute
 from .grid import RUN_RECORD, SweepRun, as_text, axis_names, read_json, setting_label
-from .tune import plan
+from .tune import Plan, plan
 
 
 def per_character_run(evals: list[dict], record: dict) -> bool:
@@ -84,13 +84,15 @@ def read_sweep(out_dir: Path) -> dict:
     return sweep
 
 
-def collect(out_dir: Path) -> tuple[dict, list[dict]]:
-    """The sweep's description and one row per run: the runs the tables compare (for a tuned sweep,
-    those at each setting's chosen value), then a tuned sweep's tuning runs, their _stage "tune"."""
+def collect(out_dir: Path) -> tuple[dict, list[dict], Plan]:
+    """The sweep's description, one row per run (the runs the tables compare: for a tuned sweep,
+    those at each setting's chosen value; then a tuned sweep's tuning runs, their _stage "tune"),
+    and the plan they were read by, whose tunings the report and status read too."""
     sweep = read_sweep(out_dir)
     current = plan(sweep, Path(out_dir))
     names = axis_names(sweep["axes"])
-    return sweep, [run_row(r, names, list(sweep.get("tune", {}))) for r in current.confirm_runs + current.tuning_runs]
+    rows = [run_row(r, names, list(sweep.get("tune", {}))) for r in current.confirm_runs + current.tuning_runs]
+    return sweep, rows, current
 
 
 def run_row(r: SweepRun, names: list[str], tuned: list[str]) -> dict:

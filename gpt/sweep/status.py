@@ -12,8 +12,7 @@ from ..config import user_path
 from ..errors import UserError, say_error
 from . import submitted
 from .grid import DONE, read_json
-from .results import collect, read_sweep
-from .tune import plan
+from .results import collect
 
 
 def last_line(folder: Path) -> str:
@@ -40,16 +39,16 @@ def held(folder: Path) -> bool:
 SOMETIMES = ("stopped", "not started")
 
 
-def standing(out_dir: Path) -> dict[str, list[str]]:
+def standing(out_dir: Path) -> tuple[dict[str, list[str]], list]:
     """Run folder names by where they stand: done, running (its job runs, or a process trains in
     its folder: a local sweep's run, or one whose sweep was killed), queued (a job waiting, or the
     sweep at work here will start it), stopped (a ckpt.pt to resume from, nothing at work on it),
-    not started (its job ended before the run began), failed, not submitted."""
-    sweep, _ = collect(out_dir)
+    not started (its job ended before the run began), failed, not submitted; and a tuned sweep's
+    tunings (none for another)."""
+    _, _, current = collect(out_dir)
     found = submitted.states(submitted.read(out_dir))
     at_work = held(out_dir)
     groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
-    current = plan(sweep, out_dir)
     for r in current.tuning_runs + current.confirm_runs:
         path = r.folder / "result.json"
         status = read_json(path).get("status") if path.exists() else None
@@ -60,15 +59,13 @@ def standing(out_dir: Path) -> dict[str, list[str]]:
                else "not started" if job and not (r.folder / "log.txt").exists()
                else "failed" if job else "not submitted")
         groups[key].append(r.name)
-    return groups
+    return groups, current.tunings
 
 
-def tuning_line(out_dir: Path) -> str | None:
+def tuning_line(tunings: list) -> str | None:
     """For a tuned sweep: how many settings have their value chosen, and what starts the rest."""
-    sweep = read_sweep(out_dir)
-    if not sweep.get("tune"):
+    if not tunings:
         return None
-    tunings = plan(sweep, out_dir).tunings
     chosen = sum(t.chosen is not None for t in tunings)
     if chosen == len(tunings):
         return f"tuning: every setting's value is chosen ({chosen})"
@@ -79,8 +76,8 @@ def tuning_line(out_dir: Path) -> str | None:
 
 def status(out_dir: Path) -> int:
     """Print the runs by where they stand; 0 while some are queued or running, 1 once none is."""
-    groups = standing(out_dir)
-    line = tuning_line(out_dir)
+    groups, tunings = standing(out_dir)
+    line = tuning_line(tunings)
     if line:
         print(line)
     print(", ".join(f"{len(names)} {key}" for key, names in groups.items() if names or key not in SOMETIMES))
