@@ -57,6 +57,33 @@ def test_each_study_at_its_second_size_is_the_study_with_only_the_size_changed()
         assert values["out_dir"] == base_values["out_dir"].replace("runs/", "runs/wide/")
 
 
+def _changed(name: str, base: str) -> tuple[set, dict, dict, dict]:
+    values, sweep, tune = read_config_file(name)
+    base_values, base_sweep, base_tune = read_config_file(base)
+    assert tune == base_tune, name
+    return {k for k in values.keys() | base_values.keys() if values.get(k) != base_values.get(k)}, values, sweep, base_sweep
+
+
+def test_each_tuned_study_at_another_size_or_length_changes_only_that():
+    names = available_configs()
+    wide = [n for n in names if n.startswith("sweeps/tuned/wide/")]
+    long = [n for n in names if n.startswith("sweeps/tuned/long/")]
+    assert len(wide) >= 10 and len(long) >= 2
+    for name in wide:
+        changed, values, sweep, base_sweep = _changed(name, name.replace("wide/", ""))
+        assert values["out_dir"] == f"runs/{name.removeprefix('sweeps/')}", name
+        if "n_layer:n_embd" in sweep:       # the next size of a depth-width pair: each width doubled
+            assert changed == {"out_dir"}
+            assert sweep["n_layer:n_embd"] == [(d, 2 * w) for d, w in base_sweep["n_layer:n_embd"]]
+        else:
+            assert changed == {"n_embd", "out_dir"} and sweep == base_sweep, name
+    for name in long:
+        changed, values, sweep, base_sweep = _changed(name, name.replace("long/", ""))
+        base_values = read_config_file(name.replace("long/", ""))[0]
+        assert changed <= {"max_iters", "lr_decay_iters", "eval_interval", "out_dir"} and sweep == base_sweep, name
+        assert values["max_iters"] == values["lr_decay_iters"] == 4 * base_values["max_iters"]
+
+
 def test_the_config_list_reaches_into_subfolders():
     names = available_configs()
     assert {"shakespeare_char", "shakespeare_char_cpu", "shakespeare_char_fast", "shakespeare",
