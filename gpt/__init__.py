@@ -3,7 +3,7 @@
 from .config import GPTConfig, TrainConfig
 from .errors import UserError
 
-__all__ = ["GPT", "GPTConfig", "TrainConfig", "UserError"]
+__all__ = ["GPT", "GPTConfig", "TrainConfig", "UserError", "from_pretrained"]
 
 
 def __getattr__(name: str):
@@ -12,6 +12,9 @@ def __getattr__(name: str):
     if name == "GPT":
         from .model import GPT
         return GPT
+    if name == "from_pretrained":
+        from .pretrained import from_pretrained
+        return from_pretrained
     if name.isidentifier():     # gpt.model and the rest, as importing the package once made them
         import importlib
         try:
@@ -23,4 +26,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), "GPT"})
+    return sorted({*globals(), "GPT", "from_pretrained"})

@@ -34,6 +34,7 @@ import torch
 from .cli import help_text, parse_argv
 from .config import GPTConfig, TrainConfig, build, check_types, opt
 from .console import interrupt_in_one_line, output_may_close, to_json
+from .speed import attach_attention, lay_out_weights
 from .speed.precision import matmul_precision
 from .speed.split import split_plan
 from .data import load_meta
@@ -173,7 +174,7 @@ def measure_speed(model_cfg: GPTConfig, train_cfg: TrainConfig, bench: BenchConf
     training_peak = peak_memory_mb(device)      # before the diagnostics and sampling add theirs
     meta = load_meta(Path(train_cfg.data_dir) / train_cfg.dataset)
     model_cfg = dataclasses.replace(model_cfg, vocab_size=meta["vocab_size"])
-    model = GPT(model_cfg).to(device).eval()
+    model = lay_out_weights(attach_attention(GPT(model_cfg))).to(device).eval()
     n_params = model.num_params(non_embedding=True)
     device_type = torch.device(device).type
     with matmul_precision(train_cfg.matmul_precision, device_type):  # as the run's matmuls ran

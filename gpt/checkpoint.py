@@ -32,6 +32,7 @@ from .integrity import check_digests, digest
 from .model import GPT
 from .pretrained import weights_mismatch
 from .progress import progress
+from .speed import attach_attention, lay_out_weights
 from .tokenizers import tokenizer_from_meta
 
 FORMAT = "gpt-checkpoint-1"
@@ -345,7 +346,7 @@ def model_config(ckpt: dict) -> GPTConfig:
 
 def load_model(ckpt: dict) -> GPT:
     """The model a checkpoint describes, rebuilt from its config alone, with its weights."""
-    model = GPT(model_config(ckpt))
+    model = attach_attention(GPT(model_config(ckpt)))
     load_weights(model, ckpt)
     return model
 
@@ -386,12 +387,14 @@ def load_for_inference(out_dir: Path, device="cpu", name: str = "ckpt.pt", other
         raise UserError(f"{Path(out_dir) / name}'s weights hold nan or inf ({broken[0]}{more}): the run had "
                         f"diverged when it was saved, or the file is damaged{otherwise}")
     with torch.device(device):      # built where it runs: the weights go there once, from the file
-        model = GPT(model_config(ckpt))
+        model = attach_attention(GPT(model_config(ckpt)))
     load_weights(model, ckpt)
     return model.eval(), ckpt
 
 
 def load_for_sampling(out_dir: Path, device="cpu", name: str = "ckpt.pt", otherwise: str = ""):
-    """(model in eval mode on device, tokenizer) of the run in out_dir."""
+    """(model in eval mode on device, tokenizer) of the run in out_dir, its weights laid out for
+    one-token steps."""
     model, ckpt = load_for_inference(out_dir, device, name, otherwise)
+    lay_out_weights(model)
     return model, tokenizer_from_meta(ckpt["meta"])

@@ -7,7 +7,7 @@ Only models GPT-2 computes exactly are written: learned positions (fixed sinusoi
 table they are, no positions as a table of zeros), pre-norm blocks with residuals, LayerNorm, GELU
 (exact or tanh), ReLU or squared ReLU, any MLP width, one key/value head per query head, a tied or
 untied head, uncapped logits; biases a model lacks are written as zeros, and norm gains as ones.
-Anything else is refused, naming the settings in the way. gpt.pretrained (GPT.from_pretrained, --init_from) reads the folder back.
+Anything else is refused, naming the settings in the way. gpt.pretrained (from_pretrained, --init_from) reads the folder back.
 
 The tokenizer's files come from gpt/hf_tokenizers.py.
 

@@ -3,7 +3,7 @@
 Every flag of GPTConfig is resolved once, in __init__, and the parts of a block a setting does
 not use are not built. Parameter names follow GPT-2 (transformer.wte, .wpe,
 .h.{i}.ln_1/attn.c_attn/attn.c_proj/ln_2/mlp.c_fc/mlp.c_proj, .ln_f, lm_head), so GPT-2
-checkpoints load directly (see from_pretrained).
+checkpoints load directly (gpt/pretrained.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import speed
 from .config import GPTConfig
-from .errors import UserError
 from .generate import KVCache, generate, generate_stream
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
-from .pretrained import load_gpt2
 
 # What one sub-layer f (attention or MLP) with its norms computes, by (norm_placement, residual).
 # Plain functions rather than lambdas, so that a whole model pickles (torch.save(model)).
@@ -96,6 +93,16 @@ def make_norm(config: GPTConfig, width: int | None = None) -> nn.Module:
 
 
 
+def attend(q, k, v, mask: torch.Tensor | None, dropout_p: float, is_causal: bool) -> torch.Tensor:
+    """Softmax attention (F.scaled_dot_product_attention) of q (B, nh, T, hs) over k and v
+    (B, nkv, T_k, hs), which may have fewer heads, each shared by a group of q's (grouped-query
+    attention); mask is an additive score bias."""
+    if mask is not None:
+        mask = mask.to(q.dtype)         # float32 as made; SDPA wants the queries' dtype
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          enable_gqa=k.size(1) != q.size(1))
+
+
 def score_bias(slopes: torch.Tensor | None, start: int, T: int, device) -> torch.Tensor | None:
     """Additive score bias for queries at start..start+T-1 over keys 0..start+T-1: ALiBi's (nh,
     T, T_k) where slopes are given, else the causal mask, which one new query does not need."""
@@ -122,6 +129,7 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = make_norm(config, config.head_size) if config.qk_norm else skip
         self.k_norm = make_norm(config, config.head_size) if config.qk_norm else skip
         self.alibi = config.pos_encoding == "alibi"
+        self.attend = attend        # a platform's own kernel may stand in (gpt/speed, attention.py)
         self.keep_weights = False   # set by GPT.attention_maps; then self.weights holds (B, nh, T, T)
         self.weights = None
 
@@ -144,16 +152,15 @@ class CausalSelfAttention(nn.Module):
             v = cache.v[self.layer, :, :, :start + T]
         dropout = self.dropout if self.training else 0.0
         fast_causal = not self.alibi and start == 0
-        y = speed.attention(q, k, v, bias, dropout, fast_causal)   # SDPA; on a CPU, float32
+        y = self.attend(q, k, v, bias, dropout, fast_causal)               # (B, nh, T, hs)
         if self.keep_weights:   # inspection only: the same scores, materialised, kept off the graph
-            # at least float32, with autocast off, as a CPU's attention runs (a GPU's rounds more)
-            with torch.no_grad(), speed.exact_matmuls(), torch.autocast(x.device.type, enabled=False):
+            # in float64, with autocast off: no setting of a CPU or GPU rounds its matmuls
+            with torch.no_grad(), torch.autocast(x.device.type, enabled=False):
                 bias = score_bias(None, start, T, x.device) if fast_causal else bias
-                wide = torch.promote_types(q.dtype, torch.float32)
                 k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)    # (B, nh, T_k, hs)
-                q, k = q.to(wide), k.to(wide)
-                scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_size)
-                self.weights = (scores if bias is None else scores + bias).softmax(dim=-1)
+                scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(self.head_size)
+                weights = (scores if bias is None else scores + bias).softmax(dim=-1)
+                self.weights = weights.to(torch.promote_types(q.dtype, torch.float32))
         y = y.transpose(1, 2).contiguous().view(B, T, C)                   # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -238,7 +245,6 @@ class GPT(nn.Module):
         self.register_buffer("slopes", alibi_slopes(config.n_head) if config.pos_encoding == "alibi" else None,
                              persistent=False)
         self._init_weights()
-        speed.lay_out_weights(self)     # for CPU sampling speed; values unchanged
 
     def _init_weights(self):
         # GPT-2: N(0, 0.02) everywhere; the projections that write into the residual stream are
@@ -255,21 +261,16 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, shared ones counted once; non_embedding leaves out the position table and
-        the token table (unless it is tied to the head, where it does real work)."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            if "wpe" in self.transformer:
-                n -= self.transformer.wpe.weight.numel()
-            if not self.config.tie_weights:
-                n -= self.transformer.wte.weight.numel()
-        return n
+        the token table (unless it is tied to the head, where it does real work). The config counts
+        them (GPTConfig.num_params), so a model need not be built to know its size."""
+        return self.config.num_params(non_embedding)
 
     def hidden(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         """Final hidden states (B, T, C) for tokens idx (B, T) that follow cache.pos cached ones."""
         B, T = idx.size()
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
-            raise UserError(f"sequence of {start + T} tokens is longer than block_size="
+            raise ValueError(f"sequence of {start + T} tokens is longer than block_size="
                             f"{self.config.block_size}; crop it to the last {self.config.block_size}")
         x = self.transformer.wte(idx)                                       # (B, T, C)
         if "wpe" in self.transformer:
@@ -330,8 +331,3 @@ class GPT(nn.Module):
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """idx (B, T) followed by max_new_tokens sampled tokens; temperature 0 is greedy."""
         return generate(self, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
-
-    @classmethod
-    def from_pretrained(cls, path: str) -> "GPT":
-        """A Hugging Face GPT-2: a folder with config.json and its weights, or a hub name (gpt/pretrained.py)."""
-        return load_gpt2(cls, path)

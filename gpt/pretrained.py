@@ -10,6 +10,7 @@ import torch
 
 from .config import GPTConfig
 from .errors import UserError, first_line
+from .model import GPT
 
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -31,11 +32,11 @@ def gpt2_folder(path: str) -> Path:
         raise UserError(f"{path!r} is not a folder, and the hub could not give it: {first_line(e)}") from None
 
 
-def load_gpt2(cls, path: str):
-    """A `cls` (GPT) holding a Hugging Face GPT-2 checkpoint: a local folder with config.json and
+def from_pretrained(path: str) -> GPT:
+    """A GPT holding a Hugging Face GPT-2 checkpoint: a local folder with config.json and
     model.safetensors or pytorch_model.bin, or a hub name such as "gpt2" (needs network)."""
     folder = gpt2_folder(path)
-    model = cls(gpt2_config(folder / "config.json"))
+    model = GPT(gpt2_config(folder / "config.json"))
     model.load_state_dict(gpt2_state(folder, model.state_dict()))
     return model
 

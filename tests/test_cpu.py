@@ -7,7 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import BLOCK, V, tiny_model
+import conftest
+from conftest import BLOCK, V
+from gpt import model as gpt_model
+from gpt.speed import attach_attention, lay_out_weights
 from gpt.speed.attention import attention
 from gpt.speed.precision import (cpu_can_round, cpu_computes_bfloat16, cpu_rounds_matmuls, exact_cpu_matmuls,
                                lists_bfloat16, matmul_precision)
@@ -255,6 +258,23 @@ def test_torch_compile_keeps_cpu_attention_in_float32_under_bfloat16_autocast():
         logits, loss = torch.compile(model, backend=recording_backend)(idx, idx)
     loss.backward()
     assert seen == [(torch.float32,) * 3] * 2 and logits.dtype == torch.bfloat16
+
+
+
+def tiny_model(seed: int = 0, **overrides):
+    """The model as the commands build it: this package's attention attached, the weights laid out."""
+    return lay_out_weights(attach_attention(conftest.tiny_model(seed, **overrides)))
+
+
+def test_a_model_built_plainly_has_plain_attention_and_contiguous_weights():
+    # the model imports nothing of gpt/speed; the commands attach it
+    plain = conftest.tiny_model(tie_weights=False, vocab_size=40)
+    assert all(p.is_contiguous() for p in plain.parameters())
+    assert all(m.attend is gpt_model.attend for m in plain.modules() if hasattr(m, "attend"))
+    attached = tiny_model(tie_weights=False, vocab_size=40)
+    assert all(m.attend is attention for m in attached.modules() if hasattr(m, "attend"))
+    idx = torch.randint(0, 40, (3, BLOCK))
+    assert torch.equal(plain(idx)[0], attached(idx)[0])
 
 
 # ------------------------------------------------------------------ layout.py

@@ -17,6 +17,7 @@ from gpt.config import GPTConfig, TrainConfig
 from gpt.export import main
 from gpt.hf_tokenizers import recover_merges
 from gpt.model import GPT
+from gpt.pretrained import from_pretrained
 from gpt.tokenizers import ByteTokenizer, CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
@@ -127,7 +128,7 @@ def test_the_exported_folder_loads_back_here_with_the_same_logits(tmp_path, caps
     model = wide_model(pos_encoding=pos, activation=activation, bias=bias, mlp_ratio=mlp_ratio,
                        tie_weights=tie)
     export_ok(capsys, save_run(tmp_path / "run", model), tmp_path / "hf")
-    back = GPT.from_pretrained(str(tmp_path / "hf")).eval()
+    back = from_pretrained(str(tmp_path / "hf")).eval()
     assert back.config.activation == activation and back.config.tie_weights is tie
     assert back.config.mlp_ratio == mlp_ratio
     idx = torch.randint(0, len(CHARS), (2, BLOCK))

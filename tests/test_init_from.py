@@ -12,6 +12,7 @@ from conftest import gpt2_bpe_or_skip, make_text
 from gpt import checkpoint
 from gpt.text_dataset import prepare
 from gpt.model import GPT
+from gpt.pretrained import from_pretrained
 from gpt.train import source
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.e2e]     # conftest.py
@@ -117,7 +118,7 @@ def test_gpt2_from_a_folder_trains_on_bpe_data_and_starts_from_its_weights(bpe_d
     assert (ours.config.n_layer, ours.config.vocab_size, ours.config.block_size, ours.config.activation) == (
         2, 50257, 16, "gelu_tanh")
     # its first evaluation scores GPT-2's own weights, on the run's first windows
-    start = GPT.from_pretrained(str(folder)).eval()
+    start = from_pretrained(str(folder)).eval()
     from gpt.data import Batches
     xs, ys = Batches(bpe_data / "tinybpe", 16, 4, "cpu", 0).evenly_spaced("val", 2, 4)
     with torch.no_grad():

@@ -7,6 +7,7 @@ import torch
 
 from gpt.errors import UserError
 from gpt.model import GPT
+from gpt.pretrained import from_pretrained
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
 
@@ -29,7 +30,7 @@ def test_from_pretrained_matches_transformers(tmp_path, serialization):
         state = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
         torch.save(state, tmp_path / "pytorch_model.bin")
         (tmp_path / "model.safetensors").unlink()
-    model = GPT.from_pretrained(str(tmp_path)).eval()
+    model = from_pretrained(str(tmp_path)).eval()
     assert model.config.block_size == 64 and model.config.activation == "gelu_tanh"
     idx = torch.randint(0, 100, (2, 20))
     with torch.no_grad():
@@ -59,7 +60,7 @@ def test_from_pretrained_refuses_what_it_cannot_load_faithfully(change, message,
     if change != "no weights":
         torch.save({}, tmp_path / "pytorch_model.bin")
     with pytest.raises(UserError, match=message):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
 
 
 def test_a_key_error_in_our_own_code_is_not_blamed_on_the_config_file(tmp_path, monkeypatch):
@@ -72,7 +73,7 @@ def test_a_key_error_in_our_own_code_is_not_blamed_on_the_config_file(tmp_path, 
         raise KeyError("a bug of ours")
     monkeypatch.setattr(pretrained, "GPTConfig", buggy)
     with pytest.raises(KeyError, match="a bug of ours"):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
 
 
 @pytest.mark.parametrize("weights, message", [
@@ -91,10 +92,10 @@ def test_from_pretrained_names_damaged_or_mismatched_weights(weights, message, t
     else:
         torch.save(weights, tmp_path / "pytorch_model.bin")
     with pytest.raises(UserError, match=message):
-        GPT.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
 
 
 def test_from_pretrained_names_a_path_that_is_neither_folder_nor_hub_model(tmp_path):
     pytest.importorskip("huggingface_hub")
     with pytest.raises(UserError, match="is not a folder, and the hub could not give it"):
-        GPT.from_pretrained(str(tmp_path / "no" / "such" / "folder"))
+        from_pretrained(str(tmp_path / "no" / "such" / "folder"))

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import train
 from conftest import BLOCK, V
-from gpt import GPT, GPTConfig
+from gpt import GPT, GPTConfig, from_pretrained
 from gpt.errors import UserError
 from gpt.export import refusals
 
@@ -129,6 +129,6 @@ def test_a_relu2_model_without_norm_gains_exports_to_the_same_logits(tmp_path, c
     with torch.no_grad():
         ours = model(idx)[0]
         assert (ours - hf_model(tmp_path / "hf")(idx).logits).abs().max() <= 1e-4
-    back = GPT.from_pretrained(str(tmp_path / "hf")).eval()     # with gains of 1, as written
+    back = from_pretrained(str(tmp_path / "hf")).eval()     # with gains of 1, as written
     assert back.config.activation == "relu2"
     torch.testing.assert_close(back(idx)[0], ours, atol=1e-4, rtol=0)

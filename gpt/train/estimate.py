@@ -11,6 +11,7 @@ from ..config_files import available_configs, read_config_file
 from ..config import GPTConfig, TrainConfig, build
 from ..model import GPT
 from ..progress import duration
+from ..speed import attach_attention, lay_out_weights
 from .resume import rng_state, set_rng_state
 from .setup import Run
 
@@ -86,7 +87,7 @@ def cpu_recipe_seconds(device: str, name: str = CPU_RECIPE, vocab_size: int = CP
     values, _, _ = read_config_file(name)
     model_cfg, cfg = build(GPTConfig, {**values, "vocab_size": vocab_size}), build(TrainConfig, values)
     with torch.random.fork_rng(devices=[]):     # its initial weights draw nothing from the run's stream
-        model = GPT(model_cfg)
+        model = lay_out_weights(attach_attention(GPT(model_cfg)))
     x = torch.zeros((cfg.batch_size, model_cfg.block_size), dtype=torch.long)
 
     def step():

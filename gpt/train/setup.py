@@ -13,6 +13,7 @@ import torch
 from .. import checkpoint
 from ..config import GPTConfig, TrainConfig
 from ..speed.allocator import keep_freed_memory
+from ..speed import attach_attention, lay_out_weights
 from ..speed.optim import AdamW
 from ..speed.precision import matmul_precision, torch_level
 from ..speed.split import RowSplit
@@ -88,7 +89,9 @@ def setup(model_cfg: GPTConfig, cfg: TrainConfig, argv: list[str] | None, device
     dtype = autocast_dtype(cfg, device)
     autocast = (torch.autocast(device_type=torch.device(device).type, dtype=dtype) if dtype != torch.float32
                 else contextlib.nullcontext())
-    model = GPT(model_cfg).to(device)
+    # gpt/speed's CPU kernels, and the layout sampling wants, as training always had it (a layout
+    # sets the order of a gradient's sums, so a run's losses stay as they were)
+    model = lay_out_weights(attach_attention(GPT(model_cfg))).to(device)
     optimizer = make_optimizer(model, cfg)
     at = resume.Position()
     if cfg.resume:

@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..model import GPT
 from ..tokenizers import tokenizer_from_meta
 from ..pretrained import HUB_NAMES, gpt2_config, gpt2_folder, gpt2_state
+from ..speed import attach_attention, lay_out_weights
 
 GPT2_BPE = {"tokenizer": "tiktoken", "vocab_size": 50257, "encoding": "gpt2"}
 NOT_SHAPE = ("vocab_size", "block_size", "dropout")     # the data's, at most the source's, the run's
@@ -158,4 +159,6 @@ def load_source_for_sampling(init_from: str, device: str):
                         "or characters or bytes exported from here)")
     model = GPT(found.config)
     load_source_weights(model, found)
-    return model.to(device).eval(), tokenizer_from_meta(found.meta)
+    attach_attention(model).to(device)
+    lay_out_weights(model)     # a sampling step's matrix-vector products read memory in order
+    return model.eval(), tokenizer_from_meta(found.meta)
