@@ -1,4 +1,5 @@
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -19,9 +20,10 @@ from gpt.config import GPTConfig, TrainConfig
 from gpt.config_files import shown
 from gpt.errors import UserError
 from gpt.data import Batches
-from gpt import speed as speed_hooks
 from gpt.speed import precision as precision_module
 from gpt.speed.attention import attention
+# the module, not its function of the same name, which the package exports
+speed_hooks = importlib.import_module("gpt.speed.attention")
 from gpt.model import GPT
 from gpt.speed.precision import cpu_rounds_matmuls, matmul_precision
 from gpt.train import loop, resume, runtime
