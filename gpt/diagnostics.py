@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import torch
 
-from .config import GPTConfig, check_seed
+from .config import GPTConfig, build, check_seed
 from .console import Parser, interrupt_in_one_line, output_may_close, to_json
 from .speed.optim import AdamW
 from .errors import UserError
@@ -215,8 +215,8 @@ def grad_depth_shapes(depths, widths, head_size: int, block_size: int, vocab_siz
         if width % head_size:
             raise UserError(f"--widths: width {width} is not a multiple of --head_size={head_size}; "
                             "pick widths that are, or another head size")
-    shapes = {(d, w): GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=d,
-                                n_head=w // head_size, n_embd=w) for d in depths for w in widths}
+    shapes = {(d, w): build(GPTConfig, dict(vocab_size=vocab_size, block_size=block_size, n_layer=d,
+                                            n_head=w // head_size, n_embd=w)) for d in depths for w in widths}
     largest = shapes[(max(depths), max(widths))]
     need, total = 8 * largest.num_params(), device_memory("cpu")
     if total is not None and need > total:     # each model is built while the last one still lives

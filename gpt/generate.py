@@ -6,8 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import GPTConfig
-from .errors import UserError
+from .model_config import GPTConfig
 
 
 class KVCache:
@@ -29,13 +28,13 @@ def generate_stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: 
     step processes one token; once the text outgrows block_size the window slides and each
     step re-reads the last block_size tokens, exactly as without the cache."""
     if idx.dim() != 2 or idx.size(1) == 0:
-        raise UserError(f"idx has shape {tuple(idx.shape)}; give (batch, tokens), at least one token")
+        raise ValueError(f"idx has shape {tuple(idx.shape)}; give (batch, tokens), at least one token")
     for bad, message in ((max_new_tokens < 0, f"max_new_tokens={max_new_tokens} is negative"),
                          (temperature < 0, f"temperature={temperature} is negative; 0 is greedy"),
                          (top_k is not None and top_k <= 0, f"top_k={top_k} must be positive, or None"),
                          (top_p is not None and not 0 < top_p <= 1, f"top_p={top_p} must be in (0, 1]")):
         if bad:
-            raise UserError(message)
+            raise ValueError(message)
     block = model.config.block_size
     cache = None
     for _ in range(max_new_tokens):

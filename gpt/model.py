@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GPTConfig
+from .model_config import GPTConfig
 from .generate import KVCache, generate, generate_stream
 from .positions import Rotary, alibi_bias, alibi_slopes, sinusoidal_table
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from .config import GPTConfig
+from .config import GPTConfig, build
 from .errors import UserError, first_line
 from .model import GPT
 
@@ -123,8 +123,9 @@ def gpt2_config(path: Path) -> GPTConfig:
     missing = [k for k in ("vocab_size", "n_layer", "n_head", "n_embd") if k not in hf]
     if missing:     # checked here, so that a KeyError from GPTConfig stays a bug, not the file's fault
         raise UserError(f"{path} lacks {', '.join(missing)}")
-    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
-                     n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
-                     activation=HF_ACTIVATIONS[activation], tie_weights=hf.get("tie_word_embeddings", True),
-                     mlp_ratio=n_inner // n_embd if n_inner else 4)
+    return build(GPTConfig, dict(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", 1024),
+                                 n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], bias=True,
+                                 activation=HF_ACTIVATIONS[activation],
+                                 tie_weights=hf.get("tie_word_embeddings", True),
+                                 mlp_ratio=n_inner // n_embd if n_inner else 4))
 

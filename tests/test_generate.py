@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from conftest import BLOCK, GRID, GRID_IDS, V, grid_model, tiny_model
-from gpt.errors import UserError
 from gpt.generate import KVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
@@ -99,7 +98,7 @@ def test_sampling_seed_reproduces_tokens():
 ])
 def test_generate_refuses_bad_arguments_in_one_line(kwargs, message):
     args = {"idx": torch.zeros((1, 1), dtype=torch.long), "max_new_tokens": 3, **kwargs}
-    with pytest.raises(UserError, match=message):
+    with pytest.raises(ValueError, match=message):
         tiny_model().generate(**args)
 
 

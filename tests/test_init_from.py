@@ -11,7 +11,6 @@ import train
 from conftest import gpt2_bpe_or_skip, make_text
 from gpt import checkpoint
 from gpt.text_dataset import prepare
-from gpt.model import GPT
 from gpt.pretrained import from_pretrained
 from gpt.train import source
 

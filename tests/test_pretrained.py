@@ -1,4 +1,4 @@
-"""gpt/pretrained.py: GPT.from_pretrained, Hugging Face GPT-2 configs and weights."""
+"""gpt/pretrained.py: from_pretrained, Hugging Face GPT-2 configs and weights."""
 
 import json
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from gpt.errors import UserError
-from gpt.model import GPT
 from gpt.pretrained import from_pretrained
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py
@@ -69,9 +68,9 @@ def test_a_key_error_in_our_own_code_is_not_blamed_on_the_config_file(tmp_path, 
         {"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 2, "n_embd": 8}))
     torch.save({}, tmp_path / "pytorch_model.bin")
 
-    def buggy(**kwargs):
+    def buggy(*args, **kwargs):
         raise KeyError("a bug of ours")
-    monkeypatch.setattr(pretrained, "GPTConfig", buggy)
+    monkeypatch.setattr(pretrained, "build", buggy)
     with pytest.raises(KeyError, match="a bug of ours"):
         from_pretrained(str(tmp_path))
 
