@@ -68,7 +68,12 @@ def test_each_tuned_study_at_another_size_or_length_changes_only_that():
     names = available_configs()
     wide = [n for n in names if n.startswith("sweeps/tuned/wide/")]
     long = [n for n in names if n.startswith("sweeps/tuned/long/")]
-    assert len(wide) >= 10 and len(long) >= 2
+    w256 = [n for n in names if n.startswith("sweeps/tuned/w256/")]
+    assert len(wide) >= 10 and len(long) >= 2 and len(w256) >= 2
+    for name in w256:
+        changed, values, sweep, base_sweep = _changed(name, name.replace("w256/", ""))
+        assert values["out_dir"] == f"runs/{name.removeprefix('sweeps/')}", name
+        assert changed == {"n_embd", "out_dir"} and sweep == base_sweep and values["n_embd"] == 256, name
     for name in wide:
         changed, values, sweep, base_sweep = _changed(name, name.replace("wide/", ""))
         assert values["out_dir"] == f"runs/{name.removeprefix('sweeps/')}", name
