@@ -29,6 +29,24 @@ from .report import report
 
 def run(args, argv: list[str]) -> int:
     """Run the grid described by parsed args (axes in args.sweep), then write the report."""
+    values, sweep_cfg, out_dir, base_seed = _checked_values(args)
+    record = read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
+    axes, grids = _in_recorded_order(args.sweep, record, "axes"), _in_recorded_order(args.tune, record, "tune")
+    pin_eval_batch(values, axes, args.tune, record)
+    sweep = _sweep_record(values, sweep_cfg, base_seed, axes, grids, argv)
+    _check_plan(values, sweep_cfg, sweep, axes, grids)
+    runs, final = _stage(tune.plan(sweep, out_dir))
+    run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+    _prepare_data_and_folder(run_cfgs, out_dir)
+    with checkpoint.hold_folder(out_dir):
+        write_json(out_dir / "sweep.json", sweep)
+        if sweep_cfg.launcher == "local":
+            return _run_here(values, sweep_cfg, sweep, out_dir, runs, run_cfgs)
+        return _submit(values, sweep_cfg, sweep, out_dir, runs, run_cfgs, final)
+
+
+def _checked_values(args) -> tuple[dict, SweepConfig, Path, int]:
+    """The sweep's values (out_dir, data_dir made absolute), SweepConfig, out_dir and first seed, once valid."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # each rank would run the whole grid
         raise UserError("a sweep runs its own processes; start it with python train.py, not "
                         "torchrun (use --jobs=N to run N at once)")
@@ -41,8 +59,7 @@ def run(args, argv: list[str]) -> int:
             raise UserError(f"{name} is empty; give a folder name")
     sweep_cfg = build(SweepConfig, values)
     submit.check_options(args, sweep_cfg.launcher)
-    # absolute, because each run's process starts in the repository root
-    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()
+    out_dir = Path(values.get("out_dir", "runs/sweep")).resolve()   # absolute: each run starts in the repository root
     if out_dir.is_file():
         raise UserError(f"out_dir={str(out_dir)!r} is a file; give a folder for the sweep's runs")
     values["out_dir"] = str(out_dir)
@@ -51,55 +68,71 @@ def run(args, argv: list[str]) -> int:
     if base_seed + sweep_cfg.seeds > 2 ** 32:
         raise UserError(f"seed={base_seed} with seeds={sweep_cfg.seeds}: the seeds would run to "
                         f"{base_seed + sweep_cfg.seeds - 1}, past 2**32 - 1; lower seed")
-    held = checkpoint.saved_in(out_dir)
-    if held:    # the run could no longer be resumed once it is a sweep's folder
+    if held := checkpoint.saved_in(out_dir):    # the run could no longer be resumed once it is a sweep's folder
         raise UserError(f"out_dir={str(out_dir)!r} holds a run ({' and '.join(held)}); its sweep "
                         "folders would mix with it; choose another --out_dir")
-    record = read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
-    axes = args.sweep
-    if record and isinstance(record.get("axes"), dict) and set(record["axes"]) == set(axes):
-        axes = {name: axes[name] for name in record["axes"]}  # their old order keeps the runs' names
-    grids = args.tune
-    if record and isinstance(record.get("tune"), dict) and set(record["tune"]) == set(grids):
-        grids = {name: grids[name] for name in record["tune"]}     # and the tuning runs' names
-    pin_eval_batch(values, axes, args.tune, record)
-    sweep = {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
-             "command": " ".join(["python", "train.py", *argv]),
-             **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
-             **({"tune": grids, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
-                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune,
-                 # what a grid's next step is checked against, wherever the plan is made again
-                 "values": {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}}
-                if grids else {})}
+    return values, sweep_cfg, out_dir, base_seed
+
+
+def _in_recorded_order(given: dict, record: dict | None, key: str) -> dict:
+    """The axes or tune grids (key) in the order sweep.json lists them, where it lists the same names."""
+    old = (record or {}).get(key)     # its order keeps the runs' names
+    return {name: given[name] for name in old} if isinstance(old, dict) and set(old) == set(given) else given
+
+
+def _sweep_record(values: dict, sweep_cfg: SweepConfig, base_seed: int, axes: dict, grids: dict,
+                  argv: list[str]) -> dict:
+    """What sweep.json holds: the axes, seeds, command, pinned eval batch and a tuned sweep's grids."""
+    return {"axes": axes, "seeds": sweep_cfg.seeds, "base_seed": base_seed,
+            "command": " ".join(["python", "train.py", *argv]),
+            **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
+            **({"tune": grids, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
+                "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune,
+                # what a grid's next step is checked against, wherever the plan is made again
+                "values": {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}}
+               if grids else {})}
+
+
+def _check_plan(values: dict, sweep_cfg: SweepConfig, sweep: dict, axes: dict, grids: dict) -> None:
+    """Refuse a tuned sweep's invalid seeds or unread options, and a sweep of too many runs."""
     if grids:
         tune.check_seeds(sweep)
         _check_tuned_read(values, axes, grids)
     count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in grids.values()) if grids else 0)
-    runs, final = _stage(tune.plan(sweep, out_dir))
-    run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+
+
+def _prepare_data_and_folder(run_cfgs, out_dir: Path) -> None:
+    """Prepare each dataset the runs read, then make the sweep's folder."""
     for cfg in {(t.data_dir, t.dataset, t.data_url) for _, t in run_cfgs}:
         ensure_prepared(*cfg)               # once, not by every run at once; and before the folder
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
-    with checkpoint.hold_folder(out_dir):
-        write_json(out_dir / "sweep.json", sweep)
-        while True:
-            todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
-            if sweep_cfg.launcher == "local":    # a tuned sweep's next runs start as the results come
-                more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if args.tune else None
-                return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more)
-            code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
-            if code or final or sweep_cfg.launcher == "slurm":
-                return code
-            before = [r.folder for r in runs]
-            runs, final = _stage(tune.plan(sweep, out_dir))
-            if [r.folder for r in runs] == before:    # its runs are another start's jobs, still at work
-                print("the tuning runs left are jobs of an earlier start, still at work; once they end, run the "
-                      "same command again to go on (python -m gpt.sweep status shows them)")
-                return 0
-            run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
+
+
+def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs) -> int:
+    """Train the runs left as local processes; a tuned sweep's next runs start as the results come."""
+    todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
+    more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if "tune" in sweep else None
+    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more)
+
+
+def _submit(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
+            final: bool) -> int:
+    """Launch the runs left as submitit jobs; on submitit_local, a tuned sweep's next stage follows each."""
+    while True:
+        todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
+        code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
+        if code or final or sweep_cfg.launcher == "slurm":
+            return code
+        before = [r.folder for r in runs]
+        runs, final = _stage(tune.plan(sweep, out_dir))
+        if [r.folder for r in runs] == before:    # its runs are another start's jobs, still at work
+            print("the tuning runs left are jobs of an earlier start, still at work; once they end, run the "
+                  "same command again to go on (python -m gpt.sweep status shows them)")
+            return 0
+        run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
 
 
 def pin_eval_batch(values: dict, axes: dict, grids: dict, record: dict | None) -> None:
