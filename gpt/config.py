@@ -108,6 +108,11 @@ class TrainConfig:
     muon_momentum: float = opt(0.95, "optimizer=muon: Muon's Nesterov momentum")
     muon_weight_decay: float = opt(0.0, "optimizer=muon: decoupled weight decay on the blocks' matrices, "
                                    "per step lr * this (Muon's own default is none)")
+    muon_split: str = opt("fused", "optimizer=muon: what Muon orthogonalises apart, each with its own "
+                          "shape factor. fused: each matrix whole; qkv: c_attn's query, key and value "
+                          "rows; heads: each head's rows of them. qkv and heads also split a gated "
+                          "MLP's c_fc into its gate and up halves (heads has no meaning there)",
+                          ("fused", "qkv", "heads"))
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -189,7 +194,8 @@ def read_by(lr_schedule: str, name: str) -> bool:
 
 
 # the optimizers that read each of these settings; a run with another trains alike whatever they are
-READ_BY_OPTIMIZERS = {"muon_lr": ("muon",), "muon_momentum": ("muon",), "muon_weight_decay": ("muon",)}
+READ_BY_OPTIMIZERS = {"muon_lr": ("muon",), "muon_momentum": ("muon",), "muon_weight_decay": ("muon",),
+                      "muon_split": ("muon",)}
 
 
 def read_by_optimizer(optimizer: str, name: str) -> bool:

@@ -35,7 +35,8 @@ from .speed.optim import AdamW
 from .errors import UserError
 from .memory import device_memory, out_of_memory_in_one_line
 from .model import GPT
-from .optim import MuonAdamW, muon_update
+from .muon import muon_update
+from .optim import MuonAdamW
 from .progress import progress
 
 
@@ -94,7 +95,7 @@ def attention_entropy(weights: torch.Tensor) -> list[float]:
 def update_ratios(blocks, optimizer: AdamW | MuonAdamW) -> list[float]:
     """Per block, ||update|| / ||weights|| of the step the optimizer's stored state makes at the
     group's current lr (the loop sets this step's before evaluating). AdamW's: lr * (m_hat /
-    (sqrt(v_hat) + eps) + weight_decay * w); Muon's: its orthogonalised momentum (gpt/optim.py).
+    (sqrt(v_hat) + eps) + weight_decay * w); Muon's: its orthogonalised momentum (gpt/muon.py).
     Around 1e-3 is AdamW's usual healthy range; much larger means the weights are being rewritten
     each step, much smaller that the block has stalled."""
     groups = {id(p): g for g in optimizer.param_groups for p in g["params"]}
@@ -106,7 +107,7 @@ def update_ratios(blocks, optimizer: AdamW | MuonAdamW) -> list[float]:
             state, group = states.get(p), groups[id(p)]
             weight_sq += p.detach().float().pow(2).sum().item()
             if state and "momentum_buffer" in state:
-                update = muon_update(p, state["momentum_buffer"], group)
+                update = muon_update(p, state["momentum_buffer"], group, optimizer.rows[id(p)])
                 update_sq += 0.0 if update is None else update.pow(2).sum().item()
                 continue
             if not state or float(state["step"]) == 0:      # no step taken yet

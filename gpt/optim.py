@@ -4,18 +4,18 @@ Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) updates a 
 its momentum made orthogonal (every singular value near 1, by a few Newton-Schulz iterations), so
 each step moves the matrix by the same amount in every direction it has a gradient in. It is made
 for the 2-D weights of hidden layers; embeddings, the head, norm gains and biases stay with AdamW,
-the split nanochat and the modded-nanogpt speedrun use. torch.optim.Muon computes it.
+the split nanochat and the modded-nanogpt speedrun use. torch.optim.Muon computes it, or, where
+muon_split cuts the matrices into blocks orthogonalised apart, gpt/muon.py's SplitMuon.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
 from .config import TrainConfig
 from .speed.optim import AdamW
 from .errors import UserError
+from .muon import SplitMuon, row_blocks
 
 
 def decay_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
@@ -36,17 +36,23 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdam
     taken = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
     adamw = AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-    return MuonAdamW(matrices, adamw, cfg) if matrices else adamw
+    return MuonAdamW(matrices, row_blocks(model, cfg.muon_split), adamw, cfg) if matrices else adamw
 
 
 class MuonAdamW:
-    """torch.optim.Muon on the blocks' matrices and AdamW on the rest, stepped as one optimizer.
-    Muon's learning rate follows the run's schedule at muon_lr / learning_rate times AdamW's."""
+    """Muon on the blocks' matrices and AdamW on the rest, stepped as one optimizer.
+    Muon's learning rate follows the run's schedule at muon_lr / learning_rate times AdamW's.
+    rows: the row blocks each matrix is orthogonalised by (gpt/muon.py's row_blocks), by id."""
 
-    def __init__(self, matrices: list[torch.Tensor], adamw: AdamW, cfg: TrainConfig):
+    def __init__(self, matrices: list[torch.Tensor], rows: dict[int, tuple[int, ...]], adamw: AdamW,
+                 cfg: TrainConfig):
         self.adamw = adamw
         self.hyper = {"momentum": cfg.muon_momentum, "weight_decay": cfg.muon_weight_decay}
-        self.muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+        self.rows = {id(p): rows.get(id(p), (p.size(0),)) for p in matrices}
+        if rows:
+            self.muon = SplitMuon(matrices, rows, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+        else:   # every matrix whole: torch's own step, as runs made before muon_split
+            self.muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
         self.ratio = cfg.muon_lr / cfg.learning_rate
         for p in matrices:      # made now, not at the first step, so that a skipped step can restore them
             self.muon.state[p]["momentum_buffer"] = torch.zeros_like(p)
@@ -105,14 +111,3 @@ class MuonAdamW:
         self.muon.load_state_dict(saved["muon"])
         for group in self.muon.param_groups:    # the run's config, not the saved one, sets these
             group.update(self.hyper)
-
-
-def muon_update(p: torch.Tensor, momentum: torch.Tensor, group: dict) -> torch.Tensor | None:
-    """The step Muon's stored momentum makes on p at the group's lr, with the exact orthogonal
-    factor U V^T that its Newton-Schulz iteration approximates; None before its first step."""
-    if not momentum.any():
-        return None
-    U, _, Vh = torch.linalg.svd(momentum.float(), full_matrices=False)
-    rows, cols = p.shape
-    scale = math.sqrt(max(1.0, rows / cols))    # torch.optim.Muon's default adjustment of the lr
-    return group["lr"] * (scale * (U @ Vh) + group["weight_decay"] * p.detach().float())
