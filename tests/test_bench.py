@@ -357,3 +357,14 @@ def test_the_gpu_check_script_runs_through_on_a_cpu_when_made_small(data_dir, tm
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert {"seconds_to_val_1.47", "tokens_per_sec", "mfu", "peak_memory_mb"} <= summary.keys()
     assert summary["tokens_per_sec"] > 0 and (tmp_path / "out" / "sample.txt").read_text().startswith("ROMEO:")
+
+
+def test_the_muon_split_benchmark_times_every_split_against_fused(capsys):
+    module = _benchmark("muon_split")
+    assert module.main(["--rounds", "2", "--steps", "1", "--config", "shakespeare_char_cpu", "--n_layer=1",
+                        "--n_embd=32", "--activation=swiglu", "--flush_denormal=false"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["round 1", "round 2", "fused", "qkv", "heads", "whole_batched"]
+    assert out[2].endswith("1.00x fused (median of the rounds' ratios)")
+    assert module.main(["--config", "shakespeare_char_cpu", "--muon_split=rows"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
