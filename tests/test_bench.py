@@ -281,8 +281,17 @@ def test_the_optimizer_benchmark_runs_both_arms_to_the_same_losses(data_dir, tmp
     assert not (tmp_path / "unused").exists()
 
 
+def test_the_optimizer_benchmark_times_the_step_alone(capsys):
+    assert _benchmark("optimizer").main(["--config", "sweeps/tuned/optimizer", "--step_only"]) == 0
+    line = re.fullmatch(r"sweeps/tuned/optimizer: 308,288 parameters, 1 thread\(s\): a step of ours ([\d.]+) ms, "
+                        r"of torch.optim.AdamW\(fused=True\) ([\d.]+) ms; torch / ours ([\d.]+) \(median of the "
+                        r"rounds' ratios\)", capsys.readouterr().out.strip())
+    assert line and all(float(v) > 0 for v in line.groups())
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--rounds", "1"], "error: give --config NAME, e.g. --config shakespeare_char_fast"),
+    (["--step_only"], "error: --step_only takes --config NAME and a --threads of at least 1"),
     (["--config", "shakespeare_char_cpu", "--rounds", "0"], "error: --rounds=0 must be at least 1"),
     (["--config", "shakespeare_char_cpu", "--out_dir=x"], "error: --out_dir: this script sets it for each run"),
     (["--config", "shakespeare_char_cpu", "--sweep", "n_layer=1,2"], "error: --sweep: this script times one run's"),

@@ -1,6 +1,7 @@
 """gpt/speed/optim.py: AdamW and gradient clipping against torch's, their state, a start-up without the compiler."""
 
 import math
+import re
 import subprocess
 import sys
 
@@ -151,6 +152,16 @@ def test_training_does_not_import_the_compiler_or_sympy(data_dir, tmp_path, prec
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "clean"
+
+
+def test_torch_is_below_the_bound_under_which_the_private_kernel_was_measured():
+    # on a newer torch, time the step again (benchmarks/optimizer.py --step_only) and check the tests
+    # above, then raise the bound in pyproject.toml, or train through torch.optim.AdamW(fused=True)
+    bound = re.search(r'"torch>=[\d.]+,<(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert bound, "pyproject.toml lost torch's upper bound"
+    version = tuple(int(v) for v in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+    assert version < (int(bound[1]), int(bound[2])), f"torch {torch.__version__} is past the bound measured"
+    assert hasattr(torch, "_fused_adamw_")
 
 
 def test_zero_grad_keeps_or_drops_gradients():
