@@ -6,7 +6,7 @@ the logits this model gives.
 Only models GPT-2 computes exactly are written: learned positions (fixed sinusoids go in as the
 table they are, no positions as a table of zeros), pre-norm blocks with residuals, LayerNorm, GELU
 (exact or tanh), ReLU or squared ReLU, any MLP width, one key/value head per query head, a tied or
-untied head, uncapped logits; biases a model lacks are written as zeros, and norm gains as ones.
+untied head, uncapped logits, the standard parametrization (or μP at its base width); biases a model lacks are written as zeros, and norm gains as ones.
 Anything else is refused, naming the settings in the way. gpt.pretrained (from_pretrained, --init_from) reads the folder back.
 
 The tokenizer's files come from gpt/hf_tokenizers.py.
@@ -83,6 +83,10 @@ GPT2_HAS = {
     "scale_embeddings": (lambda c: not c.scale_embeddings, "unscaled embeddings"),
     "embed_norm": (lambda c: not c.embed_norm, "no norm on the embeddings"),
     "logit_softcap": (lambda c: not c.logit_softcap, "uncapped logits"),
+    # μP's output multiplier and 1/head_size scores, which are sp's at the base width
+    "parametrization": (lambda c: c.parametrization == "sp" or c.n_embd == c.mup_base_width,
+                        "the standard parametrization, with unscaled logits and scores by 1/sqrt(head "
+                        "size), which mup is only at n_embd=mup_base_width"),
 }
 
 

@@ -129,6 +129,9 @@ class CausalSelfAttention(nn.Module):
         self.q_norm = make_norm(config, config.head_size) if config.qk_norm else skip
         self.k_norm = make_norm(config, config.head_size) if config.qk_norm else skip
         self.alibi = config.pos_encoding == "alibi"
+        # μP (Tensor Programs V): scores times sqrt(base head size) / head size, so 1/d as the heads
+        # widen; SDPA divides by sqrt(d), so q carries the rest, sqrt(base/width) (1 at the base)
+        self.q_mult = math.sqrt(config.mup_ratio) if config.parametrization == "mup" else None
         self.attend = attend        # a platform's own kernel may stand in (gpt/speed, attention.py)
         self.keep_weights = False   # set by GPT.attention_maps; then self.weights holds (B, nh, T, T)
         self.weights = None
@@ -145,6 +148,8 @@ class CausalSelfAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:
             q, k = self.rotary(q, start), self.rotary(k, start)
+        if self.q_mult is not None:
+            q = q * self.q_mult
         if cache is not None:
             cache.k[self.layer, :, :, start:start + T] = k
             cache.v[self.layer, :, :, start:start + T] = v
@@ -235,6 +240,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
+        # μP's readout (Tensor Programs V, Table 8; microsoft/mup's MuReadout): logits times
+        # base/width, the head (tied or not) keeping its init and learning rate
+        self.output_mult = config.mup_ratio if config.parametrization == "mup" else None
         if config.pos_encoding == "sinusoidal":
             # The paper's table has RMS 1/sqrt(2) against token embeddings scaled up to match it;
             # here the token embeddings start at std 0.02 (GPT-2), so the table is scaled to that
@@ -246,6 +254,7 @@ class GPT(nn.Module):
                              persistent=False)
         self._init_weights()
 
+    @torch.no_grad()
     def _init_weights(self):
         # GPT-2: N(0, 0.02) everywhere; the projections that write into the residual stream are
         # scaled by 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
@@ -258,6 +267,14 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):     # zero_init: each block starts as the identity
                 std = 0.0 if self.config.zero_init else 0.02 / math.sqrt(2 * self.config.n_layer)
                 nn.init.normal_(p, mean=0.0, std=std)
+        # μP: the hidden matrices' variance goes as 1/fan_in, GPT-2's std at the base width
+        if (hidden := math.sqrt(self.config.mup_ratio)) != 1.0:
+            torch._foreach_mul_(self.hidden_matrices(), hidden)
+
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The blocks' weight matrices (attention's c_attn and c_proj, the MLP's c_fc and c_proj):
+        the hidden weights, whose init and AdamW rate μP scales with width."""
+        return [p for name, p in self.named_parameters() if name.startswith("transformer.h.") and p.dim() == 2]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, shared ones counted once; non_embedding leaves out the position table and
@@ -291,9 +308,11 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The head's logits (..., vocab) for final hidden states h (..., C), soft-capped to
-        (-C, C) by C * tanh(logits / C) where logit_softcap is C (Gemma 2)."""
+        """The head's logits (..., vocab) for final hidden states h (..., C), times μP's output
+        multiplier, soft-capped to (-C, C) by C * tanh(logits / C) where logit_softcap is C (Gemma 2)."""
         logits = self.lm_head(h)
+        if self.output_mult is not None:
+            logits = logits * self.output_mult
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 

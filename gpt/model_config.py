@@ -124,6 +124,14 @@ class GPTConfig:
                           "N(0, 0.02/sqrt(2 n_layer)) (modded-nanogpt, nanochat)")
     logit_softcap: float = opt(0.0, "soft-cap the head's logits to C*tanh(logits/C) in training, "
                                "evaluation and sampling (Gemma 2); 0: off")
+    parametrization: str = opt("sp", "sp: GPT-2's init and one learning rate; mup: the Maximal Update "
+                               "Parametrization (Yang 2022, Tensor Programs V), under which a learning "
+                               "rate tuned at mup_base_width carries to wider models: the blocks' matrices "
+                               "start at sqrt(base/width) of GPT-2's std and train at base/width of AdamW's "
+                               "rate, the logits are multiplied by base/width and the attention scores "
+                               "scaled by 1/head_size above the base (docs/options.md)", ("sp", "mup"))
+    mup_base_width: int = opt(64, "parametrization=mup: the n_embd at which mup and sp are the same "
+                              "model; n_head must divide it (the base model has the same heads)")
 
     def __post_init__(self):
         check_types(self)
@@ -151,6 +159,14 @@ class GPTConfig:
         if self.logit_softcap < 0:
             raise ValueError(f"logit_softcap={self.logit_softcap} must be positive (the logits' bound, "
                             "e.g. 15), or 0 for no capping")
+        if self.mup_base_width <= 0:
+            raise ValueError(f"mup_base_width={self.mup_base_width} must be positive: the width at which "
+                             "parametrization=mup equals sp, e.g. 64")
+        if self.parametrization == "mup" and self.mup_base_width % self.n_head:
+            near = self.n_head * max(1, round(self.mup_base_width / self.n_head))
+            raise ValueError(f"mup_base_width={self.mup_base_width} is not divisible by n_head={self.n_head}; "
+                             f"the base model has the same heads: pick a multiple of {self.n_head}, "
+                             f"e.g. mup_base_width={near}")
         if self.mlp_hidden < 1:
             raise ValueError(f"activation={self.activation!r} leaves the MLP no hidden units at "
                             f"mlp_ratio={self.mlp_ratio} and n_embd={self.n_embd}; raise mlp_ratio")
@@ -158,6 +174,11 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def mup_ratio(self) -> float:
+        """base/width under parametrization=mup, 1 at the base width; 1 under sp."""
+        return self.mup_base_width / self.n_embd if self.parametrization == "mup" else 1.0
 
     @property
     def kv_heads(self) -> int:

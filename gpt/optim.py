@@ -24,6 +24,20 @@ def decay_groups(params: list[torch.Tensor], weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
+def mup_groups(groups: list[dict], model: torch.nn.Module) -> list[dict]:
+    """Under parametrization=mup, the hidden matrices AdamW trains (none under Muon, whose shape
+    factor already scales with width) moved to groups of their own at lr_scale base/width
+    (Tensor Programs V, Table 8), each keeping its weight decay; groups as they are under sp."""
+    config = model.config
+    if config.parametrization != "mup":
+        return groups
+    hidden = {id(p) for p in model.hidden_matrices()}
+    kept = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
+    moved = [{**g, "params": [p for p in g["params"] if id(p) in hidden], "lr_scale": config.mup_ratio}
+             for g in groups]
+    return kept + [g for g in moved if g["params"]]
+
+
 def muon_params(model: torch.nn.Module) -> list[torch.Tensor]:
     """What Muon takes: the weight matrices inside the blocks (c_attn, c_proj, c_fc)."""
     return [p for name, p in model.named_parameters()
@@ -35,7 +49,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdam
     matrices = muon_params(model) if cfg.optimizer == "muon" else []
     taken = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
-    adamw = AdamW(decay_groups(rest, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
+    groups = mup_groups(decay_groups(rest, cfg.weight_decay), model)
+    adamw = AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
     return MuonAdamW(matrices, row_blocks(model, cfg.muon_split), adamw, cfg) if matrices else adamw
 
 

@@ -18,8 +18,11 @@ from ..errors import UserError
 
 class AdamW:
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float = 1e-8):
+        """groups: each its params and weight_decay, and where it trains at a multiple of the
+        schedule's rate (μP's hidden matrices), that multiple as lr_scale."""
         self.param_groups = [{"params": list(g["params"]), "weight_decay": g["weight_decay"],
-                              "lr": lr, "betas": betas, "eps": eps} for g in groups]
+                              "lr": lr, "betas": betas, "eps": eps, **scale_of(g)} for g in groups]
+        self.set_lr(lr)
         # the kernel wants the step count as a float tensor beside each parameter
         self.state = {p: {"step": torch.zeros((), dtype=torch.float32, device=p.device),
                           "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
@@ -28,7 +31,7 @@ class AdamW:
 
     def set_lr(self, lr: float) -> None:
         for group in self.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)     # times 1.0 is exact: sp's rate unchanged
 
     @torch.no_grad()
     def step(self, found_inf: torch.Tensor | None = None) -> None:
@@ -94,6 +97,10 @@ class AdamW:
             mine["step"].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
             mine["exp_avg"].copy_(s["exp_avg"])
             mine["exp_avg_sq"].copy_(s["exp_avg_sq"])
+
+
+def scale_of(group: dict) -> dict:
+    return {"lr_scale": group["lr_scale"]} if "lr_scale" in group else {}
 
 
 @torch.no_grad()
