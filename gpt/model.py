@@ -274,7 +274,8 @@ class GPT(nn.Module):
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The blocks' weight matrices (attention's c_attn and c_proj, the MLP's c_fc and c_proj):
         the hidden weights, whose init and AdamW rate μP scales with width."""
-        return [p for name, p in self.named_parameters() if name.startswith("transformer.h.") and p.dim() == 2]
+        return [p for name, p in self.named_parameters()
+                if name.startswith("transformer.h.") and p.dim() == 2]
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameters, shared ones counted once; non_embedding leaves out the position table and

@@ -129,7 +129,7 @@ class GPTConfig:
                                "rate tuned at mup_base_width carries to wider models: the blocks' matrices "
                                "start at sqrt(base/width) of GPT-2's std and train at base/width of AdamW's "
                                "rate, the logits are multiplied by base/width and the attention scores "
-                               "scaled by 1/head_size above the base (docs/options.md)", ("sp", "mup"))
+                               "scaled by 1/head_size above the base (docs/options.md, docs/mup.md)", ("sp", "mup"))
     mup_base_width: int = opt(64, "parametrization=mup: the n_embd at which mup and sp are the same "
                               "model; n_head must divide it (the base model has the same heads)")
 

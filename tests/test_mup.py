@@ -2,6 +2,7 @@
 base width, its bad values, the export's refusal, and a μP run through resume, sweeps, sampling,
 evaluation and --init_from."""
 
+import csv
 import dataclasses
 import json
 
@@ -162,6 +163,47 @@ def test_export_refuses_mup_in_one_line_but_writes_it_at_the_base_width(tmp_path
     with torch.no_grad():
         torch.testing.assert_close(from_pretrained(str(tmp_path / "hf")).eval()(idx)[0], base(idx)[0],
                                    atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- the coordinate check
+
+SMALL = ["--widths=32,128", "--steps=2", "--seeds=1", "--n_head=2", "--mup_base_width=32", "--block_size=16",
+         "--batch_size=8"]
+
+
+def test_the_coordinate_check_finds_mup_flat_and_sp_growing(data_dir, tmp_path, capsys):
+    from gpt import coord_check
+    out = tmp_path / "coord"
+    assert coord_check.main([f"--data_dir={data_dir}", "--dataset=tiny", *SMALL, f"--out={out}"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["coord.csv", "coord.md", "coord.png"]
+    with open(out / "coord.csv", newline="") as f:
+        rows = [{**r, "width": int(r["width"]), "step": int(r["step"]), "rms": float(r["rms"])} for r in csv.DictReader(f)]
+    assert {(r["parametrization"], r["width"], r["step"]) for r in rows} == {
+        (p, w, s) for p in ("sp", "mup") for w in (32, 128) for s in (1, 2)}
+    ratios = coord_check.flatness(rows)
+    assert [name for p, name in ratios if p == "mup"] == ["embedding", "attention logits 0", "block 0 output",
+                                                          "attention logits 1", "block 1 output", "logits"]
+    assert all(coord_check.flat(r) for (p, _), r in ratios.items() if p == "mup"), ratios
+    assert ratios[("sp", "logits")] > coord_check.TOLERANCE
+    assert ratios[("sp", "attention logits 0")] > coord_check.TOLERANCE
+    said = capsys.readouterr().out
+    assert "| logits | mup | " in said and "mup: flat within 2x" in said
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--widths=64"], "--widths needs two widths or more to compare"),
+    (["--widths=64,x"], "--widths '64,x' should be integers separated by commas"),
+    (["--widths=30,64"], "--widths: width 30 is not divisible by --n_head=4"),
+    (["--mup_base_width=30"], "mup_base_width=30 is not divisible by n_head=4"),
+    (["--steps=0"], "--steps must be positive"),
+])
+def test_a_bad_coordinate_check_option_is_one_line(data_dir, tmp_path, capsys, argv, message):
+    from gpt import coord_check
+    with pytest.raises(SystemExit) as stop:
+        coord_check.main([f"--data_dir={data_dir}", "--dataset=tiny", f"--out={tmp_path / 'coord'}", *argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "coord").exists()
 
 
 # ---------------------------------------------------------------- whole runs
