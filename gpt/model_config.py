@@ -125,11 +125,10 @@ class GPTConfig:
     logit_softcap: float = opt(0.0, "soft-cap the head's logits to C*tanh(logits/C) in training, "
                                "evaluation and sampling (Gemma 2); 0: off")
     parametrization: str = opt("sp", "sp: GPT-2's init and one learning rate; mup: the Maximal Update "
-                               "Parametrization (Yang 2022, Tensor Programs V), under which a learning "
-                               "rate tuned at mup_base_width carries to wider models: the blocks' matrices "
-                               "start at sqrt(base/width) of GPT-2's std and train at base/width of AdamW's "
-                               "rate, the logits are multiplied by base/width and the attention scores "
-                               "scaled by 1/head_size above the base (docs/options.md, docs/mup.md)", ("sp", "mup"))
+                               "Parametrization (Tensor Programs V, Yang 2022): hidden matrices' init and "
+                               "AdamW rate, the logits and the attention scores scaled with width, so a rate "
+                               "tuned at mup_base_width carries to wider models (docs/options.md)",
+                               ("sp", "mup"))
     mup_base_width: int = opt(64, "parametrization=mup: the n_embd at which mup and sp are the same "
                               "model; n_head must divide it (the base model has the same heads)")
 

@@ -100,6 +100,7 @@ class AdamW:
 
 
 def scale_of(group: dict) -> dict:
+    """A group's lr_scale entry, where it has one, to keep in the optimizer's group."""
     return {"lr_scale": group["lr_scale"]} if "lr_scale" in group else {}
 
 
