@@ -1,4 +1,5 @@
 import itertools
+import json
 import random
 import signal
 import sys
@@ -55,6 +56,28 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
     given = {token.removeprefix("--sweep=").removeprefix("--").split("=")[0] for token in extra}
     tiny = [a for a in TINY if a[2:].split("=")[0] not in given]
     return [f"--data_dir={data_dir}", "--dataset=tiny", f"--out_dir={out_dir}", *tiny, *extra]
+
+
+def untimed_metrics(out_dir: Path, kind: str) -> list[dict]:
+    """metrics.jsonl's rows of one kind, without the timings, which differ between any two runs."""
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec", "cpu_share")}
+            for r in rows if r["kind"] == kind]
+
+
+def resumed_as_whole(data_dir: Path, tmp_path: Path, args: list[str], steps: int, cut: int) -> tuple[dict, dict]:
+    """Train args for `steps` steps at once, and again cut at `cut` and resumed; assert the two
+    logged the same train rows and end with the same weights. Returns both final checkpoints."""
+    import train
+    from gpt import checkpoint
+    whole, halves = tmp_path / "whole", tmp_path / "halves"
+    assert train.main(tiny_args(data_dir, whole, *args, f"--max_iters={steps}")) == 0
+    assert train.main(tiny_args(data_dir, halves, *args, f"--max_iters={cut}")) == 0
+    assert train.main([f"--out_dir={halves}", "--resume", f"--max_iters={steps}"]) == 0
+    assert untimed_metrics(whole, "train") == untimed_metrics(halves, "train")
+    a, b = checkpoint.load(whole / "ckpt.pt"), checkpoint.load(halves / "ckpt.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    return a, b
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 Muon run through everything an AdamW run goes through."""
 
 import copy
-import json
 import re
 import shutil
 import subprocess
@@ -12,11 +11,11 @@ import torch
 
 import sample
 import train
-from conftest import BLOCK, ROOT, V, tiny_args
-from gpt import GPT, GPTConfig, checkpoint
+from conftest import BLOCK, ROOT, V, resumed_as_whole, tiny_args, untimed_metrics
+from gpt import GPT, GPTConfig
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optim import MuonAdamW, make_optimizer
+from gpt.optim import make_optimizer
 from gpt.sweep import grid
 from test_step_waits import counted_reads  # noqa: F401 (a fixture)
 
@@ -137,12 +136,6 @@ def test_a_muon_axis_without_muon_is_refused_in_one_line(data_dir, tmp_path, cap
 
 # ---------------------------------------------------------------- whole runs
 
-def metrics(out_dir, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec", "cpu_share")}
-            for r in rows if r["kind"] == kind]
-
-
 RUN = ["--optimizer=muon", "--muon_lr=0.05", "--learning_rate=3e-3", "--max_iters=16", "--eval_interval=6",
        "--gradient_accumulation_steps=2", "--grad_clip=0.05", "--dropout=0.1", "--seed=4",
        "--muon_weight_decay=0.1"]
@@ -150,22 +143,17 @@ RUN = ["--optimizer=muon", "--muon_lr=0.05", "--learning_rate=3e-3", "--max_iter
 
 @pytest.mark.e2e
 def test_a_muon_run_resumes_to_the_same_bits(data_dir, tmp_path, capsys):
+    a, b = resumed_as_whole(data_dir, tmp_path, RUN, 16, 9)
     whole, halves = tmp_path / "whole", tmp_path / "halves"
-    assert train.main(tiny_args(data_dir, whole, *RUN)) == 0
-    assert train.main(tiny_args(data_dir, halves, *RUN, "--max_iters=9")) == 0
     capsys.readouterr()
-    assert train.main([f"--out_dir={halves}", "--resume", "--max_iters=16"]) == 0
-    assert metrics(whole, "train") == metrics(halves, "train")
-    a, b = checkpoint.load(whole / "ckpt.pt"), checkpoint.load(halves / "ckpt.pt")
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     momentum = [s["momentum_buffer"] for s in a["optimizer"]["muon"]["state"].values()]
     assert len(momentum) == 8 and all(m.any() for m in momentum)
     assert all(torch.equal(x["momentum_buffer"], y["momentum_buffer"])
                for x, y in zip(a["optimizer"]["muon"]["state"].values(), b["optimizer"]["muon"]["state"].values()))
     # Muon moved the blocks' matrices, and its update ratio is logged per block
-    assert all(r["grad_norm"] > 0.05 for r in metrics(whole, "train"))      # clipping was on
+    assert all(r["grad_norm"] > 0.05 for r in untimed_metrics(whole, "train"))      # clipping was on
     assert all(len(r["block_update_ratio"]) == 2 and min(r["block_update_ratio"]) > 0
-               for r in metrics(whole, "eval")[1:])
+               for r in untimed_metrics(whole, "eval")[1:])
     # a resume with the other optimizer is one line, and leaves the run as it was
     assert train.main([f"--out_dir={halves}", "--resume", "--max_iters=20", "--optimizer=adamw"]) == 2
     err = capsys.readouterr().err
@@ -201,8 +189,8 @@ def test_a_muon_run_samples_evaluates_and_exports(data_dir, tmp_path, capsys):
         follow = tmp_path / f"from_{optimizer}"
         assert train.main(tiny_args(data_dir, follow, f"--init_from={out}", f"--optimizer={optimizer}",
                                     "--max_iters=1", "--eval_interval=1")) == 0
-        trained, untrained = metrics(out, "eval")[-1]["val_loss"], metrics(out, "eval")[0]["val_loss"]
-        first = metrics(follow, "eval")[0]      # the same weights, scored in float32 rather than bfloat16
+        trained, untrained = untimed_metrics(out, "eval")[-1]["val_loss"], untimed_metrics(out, "eval")[0]["val_loss"]
+        first = untimed_metrics(follow, "eval")[0]      # the same weights, scored in float32 rather than bfloat16
         assert first["iter"] == 0 and abs(first["val_loss"] - trained) < 0.01 < untrained - trained
 
 
@@ -215,6 +203,6 @@ def test_two_processes_under_muon_match_one_process(data_dir, tmp_path):
     proc = subprocess.run(["torchrun", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
                            *tiny_args(data_dir, ddp, *args)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = metrics(single, "train"), metrics(ddp, "train")
+    a, b = untimed_metrics(single, "train"), untimed_metrics(ddp, "train")
     assert len(a) == len(b) == 6
     assert max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b)) < 1e-4

@@ -4,14 +4,13 @@ evaluation and --init_from."""
 
 import csv
 import dataclasses
-import json
 
 import pytest
 import torch
 
 import sample
 import train
-from conftest import BLOCK, V, tiny_args
+from conftest import BLOCK, V, resumed_as_whole, tiny_args, untimed_metrics
 from gpt import GPT, GPTConfig, checkpoint
 from gpt.config import TrainConfig
 from gpt.optim import make_optimizer
@@ -208,26 +207,15 @@ def test_a_bad_coordinate_check_option_is_one_line(data_dir, tmp_path, capsys, a
 
 # ---------------------------------------------------------------- whole runs
 
-def metrics(out_dir, kind: str) -> list[dict]:
-    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("ms", "elapsed_s", "tokens_per_sec", "cpu_share")}
-            for r in rows if r["kind"] == kind]
-
-
 MUP = ["--parametrization=mup", "--mup_base_width=8", "--learning_rate=3e-3", "--max_iters=10",
        "--eval_interval=4", "--gradient_accumulation_steps=2", "--seed=4"]
 
 
 @pytest.mark.e2e
 def test_a_mup_run_resumes_to_the_same_bits(data_dir, tmp_path, capsys):
-    whole, halves = tmp_path / "whole", tmp_path / "halves"
-    assert train.main(tiny_args(data_dir, whole, *MUP)) == 0
-    assert train.main(tiny_args(data_dir, halves, *MUP, "--max_iters=5")) == 0
+    a, _ = resumed_as_whole(data_dir, tmp_path, MUP, 10, 5)
+    halves = tmp_path / "halves"
     capsys.readouterr()
-    assert train.main([f"--out_dir={halves}", "--resume", "--max_iters=10"]) == 0
-    assert metrics(whole, "train") == metrics(halves, "train")
-    a, b = checkpoint.load(whole / "ckpt.pt"), checkpoint.load(halves / "ckpt.pt")
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     saved = checkpoint.model_config(a)
     assert (saved.parametrization, saved.mup_base_width, saved.n_embd) == ("mup", 8, 16)
     # a resume as the other parametrization is one line
@@ -244,7 +232,7 @@ def test_a_sweep_over_parametrizations_then_sampling_evaluation_and_init_from(da
                                 "--max_iters=4", "--eval_interval=4")) == 0
     runs = {p: sweep / f"parametrization={p}__seed=1337" for p in ("sp", "mup")}
     assert all((run / "ckpt.pt").exists() for run in runs.values())
-    assert metrics(runs["sp"], "train") != metrics(runs["mup"], "train")
+    assert untimed_metrics(runs["sp"], "train") != untimed_metrics(runs["mup"], "train")
     capsys.readouterr()
     assert sample.main([f"--out_dir={runs['mup']}", "--max_new_tokens=12", "--start=to"]) == 0
     assert capsys.readouterr().out.startswith("to")
@@ -254,5 +242,5 @@ def test_a_sweep_over_parametrizations_then_sampling_evaluation_and_init_from(da
     assert train.main(tiny_args(data_dir, follow, f"--init_from={runs['mup']}", "--max_iters=1",
                                 "--eval_interval=1")) == 0
     assert checkpoint.model_config(checkpoint.load(follow / "ckpt.pt")).parametrization == "mup"
-    trained = metrics(runs["mup"], "eval")[-1]["val_loss"]
-    assert metrics(follow, "eval")[0]["val_loss"] == pytest.approx(trained, abs=1e-6)
+    trained = untimed_metrics(runs["mup"], "eval")[-1]["val_loss"]
+    assert untimed_metrics(follow, "eval")[0]["val_loss"] == pytest.approx(trained, abs=1e-6)
