@@ -333,7 +333,7 @@ def saved_problem(cls, saved, model: bool) -> str | None:
     if model:
         try:
             cls(**known)
-        except UserError as e:
+        except ValueError as e:     # GPTConfig's own checks raise plain ValueErrors
             return str(e)
     return None
 
