@@ -61,6 +61,10 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
         assert float(r["best_val_loss"]) == pytest.approx(min(e["val_loss"] for e in evals if e["kind"] == "eval"))
         assert float(r["elapsed_s"]) == pytest.approx([e for e in evals if e["kind"] == "eval"][-1]["elapsed_s"])
         assert r["diverged"] == "False"
+        # its process's start, on the clock of its loop's timing line, which falls within its wall time
+        result = json.loads((out / f"residual={r['residual']}__seed=1337" / "result.json").read_text())
+        [timing] = [e for e in evals if e["kind"] == "timing"]
+        assert result["started"] < timing["loop_start"] < timing["loop_end"] < result["started"] + result["wall_s"]
     summary = (out / "summary.md").read_text()
     assert "| residual=true | 1 |" in summary and "baseline" in summary and "needs 2+ seeds" in summary
     # the loss table, compute, the steps to the baseline and the diagnostics

@@ -106,6 +106,10 @@ def test_train_then_sample_through_the_scripts(data_dir, tmp_path, capsys):
     assert all(0 < a["elapsed_s"] < b["elapsed_s"] for a, b in zip(evals, evals[1:]))
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
     assert len(read_metrics(out, "train")) == 30
+    [timing] = read_metrics(out, "timing")      # the loop's seconds: in steps what the train lines' ms add up to
+    assert timing["iter"] == 30 and timing["steps_s"] == pytest.approx(
+        sum(r["ms"] for r in read_metrics(out, "train")) / 1000, rel=1e-6)
+    assert 0 < timing["evals_s"] and timing["steps_s"] + timing["evals_s"] <= timing["loop_end"] - timing["loop_start"]
     for name in ("ckpt.pt", "ckpt_best.pt", "config.json", "command.txt"):
         assert (out / name).exists()
     saved = json.loads((out / "config.json").read_text())

@@ -56,7 +56,7 @@ class RunJob:
                           "the sweep's command resumes it")
         status = run_status(code)
         write_json(run.folder / "result.json",
-                   {"status": status, "returncode": code, "wall_s": time.time() - started})
+                   {"status": status, "returncode": code, "wall_s": time.time() - started, "started": started})
         return status
 
     def _reap(self, block: bool) -> int | None:

@@ -334,7 +334,8 @@ def _record(entry, returncode: int, done: int, total: int, walls: list[float] | 
     run, started, log = entry
     log.close()
     status = run_status(returncode)
-    result = {"status": status, "returncode": returncode, "wall_s": time.time() - started}
+    # started: when its process was started, to set against its own records of its loop
+    result = {"status": status, "returncode": returncode, "wall_s": time.time() - started, "started": started}
     write_json(run.folder / "result.json", result)
     final = final_eval(run.folder)
     val = (f"val {loss_text(final['val_loss'], 'val_bpc' in final)} at iteration {final['iter']}" if final

@@ -115,6 +115,8 @@ class Loop:
         self.tokens_since, self.skipped = 0, 0      # tokens trained since the last evaluation
         self.pending = Pending()
         self.lowest_val = run.at.best_val       # the best evaluation yet, held on every rank
+        self.reached = run.at.start_iter        # the iteration the steps have reached
+        self.steps_s, self.evals_s = 0.0, 0.0   # this process's seconds in steps and in evaluations
 
     def fit(self) -> dict:
         """Estimate the time the run will take, then evaluate every eval_interval steps (and at the
@@ -125,10 +127,13 @@ class Loop:
             if run.master and run.world == 1 and run.at.start_iter < cfg.max_iters:
                 estimate.say(run, self.all_threads, lambda: self.stop.signal is not None)
             self.t_start = self.tick = self.step_end = time.perf_counter()     # the estimate is not training
-            self.cpu_tick = time.process_time()
+            self.cpu_tick, self.loop_start = time.process_time(), time.time()
             self.bar = progress(cfg.max_iters, run.out_dir.name, "steps", run.at.start_iter, disable=not run.master)
-            with contextlib.closing(self.bar):
-                it = self.fit_steps()
+            try:
+                with contextlib.closing(self.bar):
+                    it = self.fit_steps()
+            finally:    # a diverged or pruned run took its time too
+                self.log_timing()
         self.summary.update(iters=it, best_val_loss=run.at.best_val, skipped_steps=self.skipped,
                             wall_s=time.perf_counter() - self.t_start)
         if run.master and not self.summary["stopped_by"]:
@@ -186,6 +191,7 @@ class Loop:
         run.optimizer.zero_grad(set_to_none=True)
         self.pending.add(it, loss_sum, grad_norm)
         self.tokens_since += self.tokens_per_iter
+        self.reached = it + 1
 
     def read_steps(self) -> None:
         """Read the steps queued since the last read: log each non-finite one (and end the run at
@@ -195,7 +201,9 @@ class Loop:
         if not steps:
             return
         # a step's time runs from the previous read's end: logging and the bar count too
-        step_ms, self.step_end = 1000 * (time.perf_counter() - self.step_end) / len(steps), time.perf_counter()
+        now = time.perf_counter()
+        self.steps_s += now - self.step_end
+        step_ms, self.step_end = 1000 * (now - self.step_end) / len(steps), now
         for it, loss_sum, grad_norm in steps:
             loss = loss_sum / self.local_steps
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
@@ -222,7 +230,8 @@ class Loop:
         runs again on resuming."""
         run, cfg, at = self.run, self.cfg, self.run.at
         self.read_steps()       # a non-finite step before it ends the run before anything is saved
-        since_tick = time.perf_counter() - self.tick
+        began = time.perf_counter()
+        since_tick = began - self.tick
         # under DDP the ranks finish it together; the last one, which no resume would repeat, always
         stoppable = it < cfg.max_iters and run.world == 1
         # the compiled model where there is one (DDP's wrapper left out: no gradients to sync)
@@ -275,7 +284,18 @@ class Loop:
         self.tick, self.tokens_since = time.perf_counter(), 0
         self.cpu_tick = time.process_time()
         self.step_end = self.tick             # step times leave evaluation out
+        self.evals_s += self.tick - began
         return True
+
+    def log_timing(self) -> None:
+        """A timing row: when this process's loop began and ended (seconds since the epoch, to set
+        against the process's start) and its seconds in steps and in evaluations, which tell a
+        run's start-up and ending from its training."""
+        if not self.run.master:
+            return
+        with contextlib.suppress(UserError):    # a full disk: the error under way says so
+            self.run.metrics.log({"kind": "timing", "iter": self.reached, "loop_start": self.loop_start,
+                                  "loop_end": time.time(), "steps_s": self.steps_s, "evals_s": self.evals_s})
 
     def cpu_share(self, since_tick: float) -> dict:
         """On a CPU, the share of its threads' time the steps since the last evaluation got: near 1
