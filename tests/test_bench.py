@@ -377,3 +377,52 @@ def test_the_muon_split_benchmark_times_every_split_against_fused(capsys):
     assert out[2].endswith("1.00x fused (median of the rounds' ratios)")
     assert module.main(["--config", "shakespeare_char_cpu", "--muon_split=rows"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+STUDY_COST_TINY = ["--steps", "3", "--seeds", "1", "--n_layer=1", "--n_head=2", "--n_embd=16", "--block_size=16",
+                   "--batch_size=4", "--eval_iters=2", "--tune_extend=0",
+                   "--flush_denormal=false"]    # the run alone trains in this process: leave its threads as found
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_the_study_cost_benchmark_splits_a_tiny_study_s_wall_time(jobs, data_dir, tmp_path, capsys, monkeypatch):
+    import tempfile
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    path = tmp_path / "cost.json"
+    assert _benchmark("study_cost").main([*STUDY_COST_TINY, "--jobs", jobs, "--json", str(path),
+                                          f"--data_dir={data_dir}", "--dataset=tiny"]) == 0
+    r = json.loads(path.read_text())
+    assert {"wall_s", "jobs", "runs", "slot_s", "seconds", "shares", "flops_per_s", "peak_flops_per_s",
+            "single_flops_per_s", "fraction_of_peak", "fraction_of_single_run", "contended", "command"} <= r.keys()
+    assert r["runs"] == 2 * 3 + 2 and r["tuning_runs"] == 6 and r["jobs"] == int(jobs)     # 2 settings, 3 rates
+    assert set(r["shares"]) == {"start_up", "steps", "evaluations", "run_ending", "report", "sweep_start", "left"}
+    assert all(0 <= share <= 1 for share in r["shares"].values()), r["shares"]
+    assert sum(r["shares"].values()) == pytest.approx(1, abs=1e-6) and r["shares"]["steps"] > 0
+    assert r["slot_s"] == pytest.approx(int(jobs) * r["wall_s"])
+    for name in ("fraction_of_peak", "fraction_of_single_run"):
+        assert 0 < r[name] and math.isfinite(r[name])
+    out = capsys.readouterr().out
+    assert out.startswith(f"study: 8 runs (6 tuning), {jobs} at a time; wall time ")
+    assert "training steps" in out and "% of the peak" in out and "% of one run alone" in out
+    assert list(scratch.iterdir()) == []        # the study's folder is gone, without --keep
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], r"^error: --steps=0 must be at least 1 \(see .*--help\)\n$"),
+    (["--jobs", "0"], r"^error: --jobs=0 must be at least 1"),
+    (["--max_iters=5"], r"^error: --max_iters: this script sets it \(use --steps"),
+    (["--out_dir=x"], r"^error: --out_dir: this script sets it"),
+    (["--json", "/no/such/folder/cost.json"], r"^error: --json /no/such/folder/cost.json: not a file in an "),
+    (["--config", "shakespeare_char_cpu"], r"^error: --config shakespeare_char_cpu is one run, not a study; "),
+    (["--config", "nope"], r"^error: no config named 'nope'"),
+])
+def test_the_study_cost_benchmark_refuses_bad_input_in_one_line(argv, message, capsys):
+    try:
+        code = _benchmark("study_cost").main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1, err
