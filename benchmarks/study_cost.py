@@ -7,10 +7,10 @@ It runs the study with `python train.py --config NAME` into a scratch folder, as
 times it whole. Then, from what the runs wrote (result.json's start and wall time, metrics.jsonl's
 timing line and first step), it splits the run slots' time (the wall time times --jobs) into:
 start-up (process, imports, data, model build, the run-time estimate, the first step), training
-steps, evaluations (with their checkpoint saves), each run's ending (process exit, the sweep
-noticing it), the report (from the last run's end to the study's), the sweep's own start (before
-its first run) and what is left (gaps between runs, slots idle while a tuned study waits for the
-results that choose its next runs). It gives the study's model FLOPs per second (each run's FLOPs
+steps, evaluations (with their diagnostics and checkpoint saves), each run's ending (process exit,
+the sweep noticing it), the report (from the last run's end to the study's), the sweep's own start
+(before its first run) and what is left (gaps between runs, slots idle while a tuned study waits
+for the results that choose its next runs). It gives the study's model FLOPs per second (each run's FLOPs
 per token times the tokens it trained, over the wall time) as a fraction of the matmul peak
 gpt.bench measures here and of one run of the study's first setting (at its first tuned value)
 trained alone in this process on all its threads, timed steps only. Runs whose threads got less
@@ -52,7 +52,7 @@ SINGLE = BenchConfig(bench_iters=50, bench_warmup=10)     # the run alone: steps
 # the parts of the run slots' time, in the table's order, with what each holds
 PARTS = {"start_up": "start-up (process, imports, data, model, estimate, first step)",
          "steps": "training steps",
-         "evaluations": "evaluations (with their checkpoint saves)",
+         "evaluations": "evaluations (with diagnostics and checkpoint saves)",
          "run_ending": "runs' ending (process exit, the sweep noticing)",
          "report": "the report (from the last run's end to the study's)",
          "sweep_start": "the sweep's start (before its first run)",
