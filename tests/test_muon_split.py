@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import train
-from conftest import tiny_args
+from conftest import tiny_args, untimed_metrics as metrics
 from gpt import checkpoint
 from gpt.config import TrainConfig
 from gpt.muon import SplitMuon, muon_update, orthogonalise
 from gpt.optim import AdamW, decay_groups, make_optimizer, muon_params
-from test_muon import RUN, loss_of, metrics, model_of, steps
+from test_muon import RUN, loss_of, model_of, steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")     # conftest.py: tiny ops pay only for hand-offs
 
