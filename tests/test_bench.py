@@ -384,7 +384,7 @@ STUDY_COST_TINY = ["--steps", "3", "--seeds", "1", "--n_layer=1", "--n_head=2", 
                    "--flush_denormal=false"]    # the run alone trains in this process: leave its threads as found
 
 
-@pytest.mark.e2e
+@pytest.mark.slow     # two whole tiny studies, about half a minute each
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_the_study_cost_benchmark_splits_a_tiny_study_s_wall_time(jobs, data_dir, tmp_path, capsys, monkeypatch):
     import tempfile
