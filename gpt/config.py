@@ -113,6 +113,16 @@ class TrainConfig:
                           "rows; heads: each head's rows of them. qkv and heads also split a gated "
                           "MLP's c_fc into its gate and up halves (heads has no meaning there)",
                           ("fused", "qkv", "heads"))
+    muon_momentum_warmup: int = opt(0, "optimizer=muon: steps over which Muon's momentum rises linearly "
+                                    "from muon_momentum_start to muon_momentum (nanochat: 300); 0: "
+                                    "muon_momentum from the first step")
+    muon_momentum_start: float = opt(0.85, "optimizer=muon: Muon's momentum at step 0 of "
+                                     "muon_momentum_warmup (nanochat's 0.85)")
+    embed_lr: float = opt(0.0, "peak AdamW rate of the token and position embeddings, under the run's "
+                          "warmup and decay like learning_rate (nanochat gives them their own); 0: "
+                          "learning_rate")
+    head_lr: float = opt(0.0, "peak AdamW rate of an untied output head (tie_weights=false), as embed_lr; "
+                         "0: learning_rate")
     weight_decay: float = opt(0.1, "AdamW weight decay, applied to matrices and embeddings only")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2")
@@ -149,7 +159,7 @@ class TrainConfig:
         _check_choices(self)
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
                   "eval_iters", "log_interval", "learning_rate", "muon_lr")
-        for name in ("muon_weight_decay", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
+        for name in ("muon_weight_decay", "muon_momentum_warmup", "embed_lr", "head_lr", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
                      "threads", "eval_batch_size"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
@@ -171,7 +181,7 @@ class TrainConfig:
                             "(raise lr_decay_iters, lower warmup_iters, or pass --lr_schedule=constant)")
         if not 0.0 < self.cooldown_frac <= 1.0:
             raise UserError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
-        for name in ("beta1", "beta2", "muon_momentum"):
+        for name in ("beta1", "beta2", "muon_momentum", "muon_momentum_start"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise UserError(f"{name}={getattr(self, name)} must be in [0, 1)")
 
@@ -195,7 +205,8 @@ def read_by(lr_schedule: str, name: str) -> bool:
 
 # the optimizers that read each of these settings; a run with another trains alike whatever they are
 READ_BY_OPTIMIZERS = {"muon_lr": ("muon",), "muon_momentum": ("muon",), "muon_weight_decay": ("muon",),
-                      "muon_split": ("muon",)}
+                      "muon_split": ("muon",), "muon_momentum_warmup": ("muon",),
+                      "muon_momentum_start": ("muon",)}
 
 
 def read_by_optimizer(optimizer: str, name: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import TrainConfig
+from .config import GPTConfig, TrainConfig
 from .speed.optim import AdamW
 from .errors import UserError
 from .muon import SplitMuon, row_blocks
@@ -38,6 +38,51 @@ def mup_groups(groups: list[dict], model: torch.nn.Module) -> list[dict]:
     return kept + [g for g in moved if g["params"]]
 
 
+def own_rates(model: torch.nn.Module, cfg: TrainConfig) -> dict[int, float]:
+    """embed_lr and head_lr: each parameter with a rate of its own, by id, as a multiple of
+    learning_rate (a tied head is the token embedding, and trains at embed_lr)."""
+    named = dict(model.named_parameters())
+    scales = {}
+    if cfg.head_lr and "lm_head.weight" in named:
+        scales[id(named["lm_head.weight"])] = cfg.head_lr / cfg.learning_rate
+    if cfg.embed_lr:
+        for name in ("transformer.wte.weight", "transformer.wpe.weight"):
+            if name in named:
+                scales[id(named[name])] = cfg.embed_lr / cfg.learning_rate
+    return scales
+
+
+def rate_groups(groups: list[dict], model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    """The embeddings and an untied head moved to groups of their own at the rates embed_lr and
+    head_lr give them (nanochat's AdamW part), each keeping its weight decay; groups as they are
+    where neither is set."""
+    scales = own_rates(model, cfg)
+    if not scales:
+        return groups
+    kept = [{**g, "params": [p for p in g["params"] if id(p) not in scales]} for g in groups]
+    moved = [{**g, "params": [p for p in g["params"] if scales.get(id(p)) == scale],
+              "lr_scale": scale * g.get("lr_scale", 1.0)}
+             for scale in sorted(set(scales.values())) for g in groups]
+    return kept + [g for g in moved if g["params"]]
+
+
+def check_rates(model_cfg: GPTConfig, cfg: TrainConfig) -> None:
+    """Refuse a head_lr that no parameter would train at: with tie_weights the head is the token
+    embedding."""
+    if cfg.head_lr and model_cfg.tie_weights:
+        raise UserError(f"head_lr={cfg.head_lr} sets the rate of an untied head, but tie_weights=true makes "
+                        "the head the token embedding; pass --tie_weights=false, or set embed_lr for both")
+
+
+def momentum_at(it: int, cfg: TrainConfig) -> float:
+    """Muon's momentum at step it: muon_momentum, reached linearly from muon_momentum_start over the
+    first muon_momentum_warmup steps (nanochat's warmup)."""
+    if it >= cfg.muon_momentum_warmup:
+        return cfg.muon_momentum
+    share = it / cfg.muon_momentum_warmup
+    return (1 - share) * cfg.muon_momentum_start + share * cfg.muon_momentum
+
+
 def muon_params(model: torch.nn.Module) -> list[torch.Tensor]:
     """What Muon takes: the weight matrices inside the blocks (c_attn, c_proj, c_fc)."""
     return [p for name, p in model.named_parameters()
@@ -49,7 +94,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdam
     matrices = muon_params(model) if cfg.optimizer == "muon" else []
     taken = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
-    groups = mup_groups(decay_groups(rest, cfg.weight_decay), model)
+    groups = rate_groups(mup_groups(decay_groups(rest, cfg.weight_decay), model), model, cfg)
     adamw = AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
     return MuonAdamW(matrices, row_blocks(model, cfg.muon_split), adamw, cfg) if matrices else adamw
 
@@ -91,6 +136,11 @@ class MuonAdamW:
         self.adamw.set_lr(lr)
         for group in self.muon.param_groups:
             group["lr"] = lr * self.ratio
+
+    def set_momentum(self, momentum: float) -> None:
+        """Muon's momentum for this step (momentum_at)."""
+        for group in self.muon.param_groups:
+            group["momentum"] = momentum
 
     @torch.no_grad()
     def step(self, found_inf: torch.Tensor | None = None) -> None:

@@ -23,6 +23,7 @@ from ..data import bpc, per_character
 from ..diagnostics import measure as measure_diagnostics
 from ..errors import UserError
 from ..memory import out_of_memory_in_one_line
+from ..optim import momentum_at
 from ..progress import progress
 from . import estimate
 from .evaluate import mean_losses
@@ -148,6 +149,8 @@ class Loop:
         while True:
             lr = lr_at(it, cfg)
             run.optimizer.set_lr(lr)    # before evaluating: diagnostics read it
+            if cfg.optimizer == "muon" and cfg.muon_momentum_warmup:
+                run.optimizer.set_momentum(momentum_at(it, cfg))
             if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
                 if not self.evaluate(it, lr):
                     self.stop_at(it)
