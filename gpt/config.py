@@ -218,6 +218,10 @@ def read_by_optimizer(optimizer: str, name: str) -> bool:
 class SweepConfig:
     seeds: int = opt(1, "seeds per setting (seed, seed+1, ...)")
     jobs: int = opt(1, "runs at once; CPU threads are split between them (Slurm: the job array's %N)")
+    run_start: str = opt("auto", "local launcher: how each run's process starts. fork: forked from one "
+                         "server that imported torch and the trainer once, which saves each run the "
+                         "interpreter's start and the imports; fresh: a new python train.py; auto: fork "
+                         "on Linux, else fresh", choices=("auto", "fork", "fresh"))
     launcher: str = opt("local", "local: runs as processes here; slurm: a Slurm job array through submitit; "
                         "submitit_local: submitit's jobs as local processes, to try a sweep",
                         choices=("local", "slurm", "submitit_local"))

@@ -108,7 +108,8 @@ def test_a_stopped_sweep_names_its_signal_in_each_runs_log(data_dir, tmp_path, m
     monkeypatch.setattr(runner.time, "sleep", stopped)
     Running.stopped.clear()
     out = tmp_path / "sw"
-    assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1,2", "--jobs=2")) == code
+    # a fresh process each (Popen, stood in for above)
+    assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1,2", "--jobs=2", "--run_start=fresh")) == code
     assert Running.stopped == [signal.SIGTERM, signal.SIGTERM]
     for run in ("n_layer=1__seed=1337", "n_layer=2__seed=1337"):
         assert (out / run / "log.txt").read_text() == (f"sweep: stopped by {name}; stopping this run with "

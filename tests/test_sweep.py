@@ -781,7 +781,7 @@ def test_a_run_that_ended_as_the_sweep_was_stopped_is_recorded(code, status, dat
     monkeypatch.setattr(runner.subprocess, "Popen", Ended)
     monkeypatch.setattr(runner.time, "sleep", ctrl_c)
     out = tmp_path / "sw"
-    assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1")) == 130
+    assert train.main(tiny_args(data_dir, out, "--sweep", "n_layer=1", "--run_start=fresh")) == 130
     result = json.loads((out / "n_layer=1__seed=1337" / "result.json").read_text())
     assert (result["status"], result["returncode"]) == (status, code)
     assert f"[1/1 done] n_layer=1__seed=1337: {status}, " in capsys.readouterr().out    # counted as done

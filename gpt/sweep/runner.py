@@ -24,6 +24,7 @@ from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
 from .grid import (DONE, SweepRun, axis_names, changed_settings, check_grid, count_runs, final_eval,
                    finished_by_checkpoint, read_json, run_threads, settings_of, train_argv)
 from . import submit, tune
+from .forked import ForkedRun, forking
 from .report import report
 
 
@@ -115,7 +116,8 @@ def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, 
     """Train the runs left as local processes; a tuned sweep's next runs start as the results come."""
     todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
     more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if "tune" in sweep else None
-    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more)
+    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more,
+                     fork=forking(sweep_cfg.run_start))
 
 
 def _submit(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
@@ -227,16 +229,17 @@ def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple
 
 
 def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path,
-              more=None) -> int:
+              more=None, fork: bool = False) -> int:
     """Run todo, jobs at a time, then write the report. more(), where given, is asked for runs to add
     (all, and those to train) whenever a run has ended and a place is free: a tuned sweep's next
-    runs start as soon as the results that choose them are in."""
+    runs start as soon as the results that choose them are in. fork: each run's process forked
+    from a server that imported the trainer once (gpt/sweep/forked.py), else a fresh python."""
     tuning = sum(r.stage == "tune" for r in runs)
     stage = f" ({tuning} tuning, {len(runs) - tuning} at each setting's chosen value)" if tuning else ""
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)}{stage} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)
-    running: dict[subprocess.Popen, tuple[SweepRun, float, object]] = {}
+    running: dict[subprocess.Popen | ForkedRun, tuple[SweepRun, float, object]] = {}
     done, walls = len(runs) - len(todo), []          # walls: the seconds of the runs ended here
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(raise_on_signal)
@@ -272,9 +275,10 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                                     "it, and run the same command again to continue") from None
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint
-                proc = subprocess.Popen(train_argv(values, r, threads), stdout=log,
-                                        stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                        start_new_session=True, env=env)
+                command = train_argv(values, r, threads)
+                proc = (ForkedRun(command[2:], log.name) if fork else
+                        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                         start_new_session=True, env=env))
                 running[proc] = (r, time.time(), log)
                 print(f"[{done}/{len(runs)} done] started {r.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
