@@ -206,7 +206,7 @@ TRAIN_GROUPS = {
     "data": ("dataset", "data_dir", "data_url", "init_from"),
     "optimisation": ("batch_size", "gradient_accumulation_steps", "max_iters", "optimizer", "learning_rate",
                      "weight_decay", "beta1", "beta2", "muon_lr", "muon_momentum", "muon_weight_decay",
-                     "muon_split", "muon_momentum_warmup", "muon_momentum_start", "embed_lr", "head_lr", "grad_clip", "skip_nonfinite", "stop_hopeless"),
+                     "muon_split", "muon_head_group", "muon_momentum_warmup", "muon_momentum_start", "embed_lr", "head_lr", "grad_clip", "skip_nonfinite", "stop_hopeless"),
     "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "min_lr_ratio", "cooldown_frac"),
     "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
                                    "overwrite", "adopt_checkpoint"),

@@ -111,8 +111,11 @@ class TrainConfig:
     muon_split: str = opt("fused", "optimizer=muon: what Muon orthogonalises apart, each with its own "
                           "shape factor. fused: each matrix whole; qkv: c_attn's query, key and value "
                           "rows; heads: each head's rows of them. qkv and heads also split a gated "
-                          "MLP's c_fc into its gate and up halves (heads has no meaning there)",
-                          ("fused", "qkv", "heads"))
+                          "MLP's c_fc into its gate and up halves (heads has no meaning there); "
+                          "groups: muon_head_group heads' rows at a time, of the queries, keys and "
+                          "values apart", ("fused", "qkv", "heads", "groups"))
+    muon_head_group: int = opt(2, "muon_split=groups: heads per block; it must divide n_head and the "
+                               "key and value heads' count")
     muon_momentum_warmup: int = opt(0, "optimizer=muon: steps over which Muon's momentum rises linearly "
                                     "from muon_momentum_start to muon_momentum (nanochat: 300); 0: "
                                     "muon_momentum from the first step")
@@ -158,7 +161,7 @@ class TrainConfig:
         check_types(self)
         _check_choices(self)
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
-                  "eval_iters", "log_interval", "learning_rate", "muon_lr")
+                  "eval_iters", "log_interval", "learning_rate", "muon_lr", "muon_head_group")
         for name in ("muon_weight_decay", "muon_momentum_warmup", "embed_lr", "head_lr", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
                      "threads", "eval_batch_size"):
             if getattr(self, name) < 0:
@@ -205,7 +208,7 @@ def read_by(lr_schedule: str, name: str) -> bool:
 
 # the optimizers that read each of these settings; a run with another trains alike whatever they are
 READ_BY_OPTIMIZERS = {"muon_lr": ("muon",), "muon_momentum": ("muon",), "muon_weight_decay": ("muon",),
-                      "muon_split": ("muon",), "muon_momentum_warmup": ("muon",),
+                      "muon_split": ("muon",), "muon_head_group": ("muon",), "muon_momentum_warmup": ("muon",),
                       "muon_momentum_start": ("muon",)}
 
 

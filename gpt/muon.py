@@ -2,8 +2,9 @@
 
 With muon_split=fused, torch.optim.Muon orthogonalises each matrix whole, as it always did. With
 qkv or heads, SplitMuon takes the same momentum step but cuts the smoothed update of c_attn into
-its query, key and value rows (qkv) or into each head's rows of them (heads), and a gated MLP's
-c_fc into its gate and up halves (both; heads has no meaning there). Every block is orthogonalised
+its query, key and value rows (qkv), into each head's rows of them (heads), or into groups of
+muon_head_group heads' rows, queries, keys and values apart (groups; "Group Muon", 2026), and a gated
+MLP's c_fc into its gate and up halves (all three; heads have no meaning there). Every block is orthogonalised
 on its own, by the same Newton-Schulz iteration, and scaled by the factor of its own shape, so a
 block with small gradients (queries and keys, often) gets a step as large as its neighbours'. The
 momentum stays one tensor of the matrix's shape: the state and checkpoints keep their form.
@@ -17,12 +18,13 @@ from collections import defaultdict
 import torch
 
 
-def row_blocks(model: torch.nn.Module, split: str) -> dict[int, tuple[int, ...]]:
+def row_blocks(model: torch.nn.Module, split: str, group: int = 1) -> dict[int, tuple[int, ...]]:
     """The row blocks `split` cuts the blocks' c_attn and (gated) c_fc weights into, by id of the
-    weight; a matrix left out stays whole."""
+    weight; a matrix left out stays whole. group: heads per block under split=groups."""
     c = model.config
     kv = c.kv_heads * c.head_size
-    attn = {"qkv": (c.n_embd, kv, kv), "heads": (c.head_size,) * (c.n_head + 2 * c.kv_heads)}
+    attn = {"qkv": (c.n_embd, kv, kv), "heads": (c.head_size,) * (c.n_head + 2 * c.kv_heads),
+            "groups": (group * c.head_size,) * ((c.n_head + 2 * c.kv_heads) // group)}
     cuts = {}
     if split == "fused":
         return cuts

@@ -66,12 +66,17 @@ def rate_groups(groups: list[dict], model: torch.nn.Module, cfg: TrainConfig) ->
     return kept + [g for g in moved if g["params"]]
 
 
-def check_rates(model_cfg: GPTConfig, cfg: TrainConfig) -> None:
-    """Refuse a head_lr that no parameter would train at: with tie_weights the head is the token
-    embedding."""
+def check_optimizer(model_cfg: GPTConfig, cfg: TrainConfig) -> None:
+    """Refuse what the optimizer cannot do with this model: a head_lr that no parameter would
+    train at (with tie_weights the head is the token embedding), and head groups that do not
+    divide the heads."""
     if cfg.head_lr and model_cfg.tie_weights:
         raise UserError(f"head_lr={cfg.head_lr} sets the rate of an untied head, but tie_weights=true makes "
                         "the head the token embedding; pass --tie_weights=false, or set embed_lr for both")
+    group, kv = cfg.muon_head_group, model_cfg.kv_heads
+    if cfg.optimizer == "muon" and cfg.muon_split == "groups" and (model_cfg.n_head % group or kv % group):
+        raise UserError(f"muon_head_group={group} does not divide n_head={model_cfg.n_head} and the {kv} key "
+                        "and value heads; give a divisor of both")
 
 
 def momentum_at(it: int, cfg: TrainConfig) -> float:
@@ -96,7 +101,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW | MuonAdam
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
     groups = rate_groups(mup_groups(decay_groups(rest, cfg.weight_decay), model), model, cfg)
     adamw = AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2))
-    return MuonAdamW(matrices, row_blocks(model, cfg.muon_split), adamw, cfg) if matrices else adamw
+    rows = row_blocks(model, cfg.muon_split, cfg.muon_head_group)
+    return MuonAdamW(matrices, rows, adamw, cfg) if matrices else adamw
 
 
 class MuonAdamW:

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import train
-from conftest import tiny_args, untimed_metrics as metrics
+from conftest import V, tiny_args, untimed_metrics as metrics
+from gpt import GPTConfig
+from gpt.errors import UserError
 from gpt import checkpoint
 from gpt.config import TrainConfig
 from gpt.muon import SplitMuon, muon_update, orthogonalise
@@ -33,17 +35,21 @@ def expected_blocks(name: str, p: torch.Tensor, split: str, kw: dict) -> list[in
     C, heads = kw["n_embd"], kw["n_head"]
     hs, kv_heads = C // heads, kw.get("n_kv_head") or heads
     if split != "fused" and name.endswith("attn.c_attn.weight"):
+        if split == "groups":     # two heads a block, as muon() asks
+            return [2 * hs] * ((heads + 2 * kv_heads) // 2)
         return [C, hs * kv_heads, hs * kv_heads] if split == "qkv" else [hs] * (heads + 2 * kv_heads)
     if split != "fused" and name.endswith("mlp.c_fc.weight") and kw.get("activation") == "swiglu":
         return [p.size(0) // 2] * 2
     return [p.size(0)]
 
 
-@pytest.mark.parametrize("split", ["fused", "qkv", "heads"])
+@pytest.mark.parametrize("split", ["fused", "qkv", "heads", "groups"])
 @pytest.mark.parametrize("kw", [PLAIN, GQA, GATED], ids=["plain", "gqa", "gated"])
 def test_each_block_of_the_split_is_orthogonal_at_its_own_shape_factor(split, kw):
+    if split == "groups" and kw is GATED:
+        pytest.skip("one key and value head: no group of two")
     model = model_of(**kw)
-    opt = make_optimizer(model, muon(split, muon_lr=1.0))
+    opt = make_optimizer(model, muon(split, muon_lr=1.0, muon_head_group=2))
     torch.manual_seed(1)
     for p in model.parameters():
         p.grad = torch.randn_like(p)
@@ -154,7 +160,7 @@ def test_a_state_saved_under_one_split_loads_under_another():
 def test_bad_split_is_one_line(data_dir, tmp_path, capsys):
     assert train.main(tiny_args(data_dir, tmp_path / "run", "--optimizer=muon", "--muon_split=rows")) == 2
     err = capsys.readouterr().err
-    assert "muon_split='rows' is not allowed; choose one of fused, qkv, heads" in err and err.count("\n") == 1
+    assert "muon_split='rows' is not allowed; did you mean groups? choose one of fused, qkv, heads, groups" in err and err.count("\n") == 1
 
 
 def test_a_split_axis_without_muon_is_refused_in_one_line(data_dir, tmp_path, capsys):
@@ -202,3 +208,11 @@ def test_a_split_run_resumes_to_the_same_bits_and_trains_apart_from_fused(split,
     a, b = checkpoint.load(whole / "ckpt.pt"), checkpoint.load(halves / "ckpt.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert all(min(r["block_update_ratio"]) > 0 for r in metrics(whole, "eval")[1:])
+
+
+def test_head_groups_that_do_not_divide_the_heads_are_refused_naming_both_counts():
+    from gpt.optim import check_optimizer
+    check_optimizer(GPTConfig(vocab_size=V, **GQA), muon("groups", muon_head_group=2))
+    with pytest.raises(UserError, match="muon_head_group=4 does not divide n_head=4 and the 2 key and value heads"):
+        check_optimizer(GPTConfig(vocab_size=V, **GQA), muon("groups", muon_head_group=4))
+    check_optimizer(GPTConfig(vocab_size=V, **GQA), TrainConfig(muon_head_group=4))     # AdamW reads no groups

@@ -8,7 +8,7 @@ from conftest import BLOCK, V, resumed_as_whole, tiny_args, untimed_metrics
 from gpt import GPT, GPTConfig
 from gpt.config import TrainConfig
 from gpt.errors import UserError
-from gpt.optim import check_rates, make_optimizer, momentum_at
+from gpt.optim import check_optimizer, make_optimizer, momentum_at
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,9 +57,9 @@ def test_under_mup_an_embedding_rate_leaves_the_hidden_matrices_scaled():
 
 
 def test_a_head_rate_with_a_tied_head_is_refused_naming_the_fix():
-    check_rates(GPTConfig(vocab_size=V, tie_weights=False), TrainConfig(head_lr=1e-3))
+    check_optimizer(GPTConfig(vocab_size=V, tie_weights=False), TrainConfig(head_lr=1e-3))
     with pytest.raises(UserError, match="head_lr=0.001 sets the rate of an untied head.*--tie_weights=false"):
-        check_rates(GPTConfig(vocab_size=V), TrainConfig(head_lr=1e-3))
+        check_optimizer(GPTConfig(vocab_size=V), TrainConfig(head_lr=1e-3))
 
 
 @pytest.mark.parametrize("bad, message", [({"embed_lr": -1.0}, "embed_lr=-1.0 must not be negative"),

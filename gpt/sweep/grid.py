@@ -16,7 +16,7 @@ from .. import checkpoint
 from ..config_files import LINK, shown
 from ..config import (NAME_MAX, READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, GPTConfig, SweepConfig,
                       TrainConfig, build, read_by, read_by_optimizer, user_path)
-from ..optim import check_rates
+from ..optim import check_optimizer
 from ..speed.split import split_plan
 from ..errors import UserError
 from ..train.metrics import read_jsonl
@@ -172,7 +172,7 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
         check_compile(train_cfg)
         split_plan(model_cfg, train_cfg, resolve_device(train_cfg.device), 1,
                    train_cfg.threads or torch.get_num_threads())
-        check_rates(model_cfg, train_cfg)
+        check_optimizer(model_cfg, train_cfg)
     for name in runs[0].setting:
         if not any(read_by(train_cfg.lr_schedule, name) for _, train_cfg in configs):
             schedules = sorted({train_cfg.lr_schedule for _, train_cfg in configs})

@@ -22,7 +22,7 @@ from ..datasets import ensure_prepared
 from ..diagnostics import unigram_loss
 from ..errors import UserError
 from ..model import GPT
-from ..optim import MuonAdamW, check_rates, make_optimizer
+from ..optim import MuonAdamW, check_optimizer, make_optimizer
 from ..progress import progress
 from . import resume, rundir, source
 from .evaluate import mean_losses
@@ -179,7 +179,7 @@ def load_data(model_cfg: GPTConfig, cfg: TrainConfig, device: str, world: int
     resume.seed_everything(cfg.seed)
     batches = Batches(folder, model_cfg.block_size, cfg.batch_size, device, cfg.seed, meta["vocab_size"])
     check_fits(model_cfg, cfg, device)      # after the data: a context longer than the text is its fault
-    check_rates(model_cfg, cfg)
+    check_optimizer(model_cfg, cfg)
     return model_cfg, meta, batches
 
 
