@@ -60,3 +60,15 @@ def test_forked_runs_save_and_end_when_the_sweep_is_killed_outright(data_dir, tm
         time.sleep(0.2)
     for p in logs:
         assert "SIGTERM: saved" in p.read_text() and (p.parent / "ckpt.pt").exists()
+
+
+@pytest.mark.e2e
+def test_a_forked_run_on_two_threads_computes_on_both_without_hanging(data_dir, tmp_path):
+    # a process forked after torch's thread pool ran hangs in its first parallel op: the server must not run one
+    out = tmp_path / "sw"
+    argv = [a for a in tiny_args(data_dir, out, "--max_iters=4", "--sweep", "n_layer=1", "--run_start=fork")
+            if a != "--threads=1"]
+    proc = subprocess.run([sys.executable, "train.py", *argv, "--threads=2", "--thread_split=ops"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-500:] + proc.stderr[-500:]
+    assert "(float32, 2 threads)" in (out / "n_layer=1__seed=1337" / "log.txt").read_text()
