@@ -36,7 +36,7 @@ def run(argv: list[str]) -> int:
         grid = build(SweepConfig, args.values)      # built to check
         sweeping = bool(args.sweep) or bool(args.tune) or grid.seeds > 1
         if sweeping:
-            return runner.run(args, argv)
+            return runner.run(args, argv, entry=main)   # forked runs train by main, as fresh ones do
         if grid.launcher != "local":
             raise UserError(f"launcher={grid.launcher} runs the runs of a sweep, but this is one run; give "
                             "--sweep name=a,b or --seeds=N, or leave --launcher out")

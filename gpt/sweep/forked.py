@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import signal
 import sys
+from typing import Callable
 
 from ..config import REPO_ROOT
 from ..train.signals import SWEEP_PID
@@ -24,19 +25,23 @@ def forking(run_start: str) -> bool:
     return run_start == "fork" or (run_start == "auto" and sys.platform.startswith("linux"))
 
 
-def _context():
-    if str(REPO_ROOT) not in sys.path:      # the server imports train.py from there
+def _context(entry: Callable[[list[str]], int]):
+    """The forkserver, with torch and the trainer imported before it forks. A script's __main__
+    is not among what it imports first; each run imports that itself, finding the rest loaded."""
+    if str(REPO_ROOT) not in sys.path:      # where the server finds train.py
         sys.path.insert(0, str(REPO_ROOT))
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["train"])
+    context.set_forkserver_preload(["gpt.train.loop", "gpt.sweep.runner",
+                                    *([entry.__module__] if entry.__module__ != "__main__" else [])])
     return context
 
 
 class ForkedRun:
-    """One run in a forked process, with the part of subprocess.Popen's interface the sweep uses."""
+    """One run in a forked process, with the part of subprocess.Popen's interface the sweep uses.
+    entry: what trains one run from its arguments in this process (train.py's main)."""
 
-    def __init__(self, argv: list[str], log_path: str):
-        self.process = _context().Process(target=train_run, args=(argv, log_path), daemon=False)
+    def __init__(self, entry: Callable[[list[str]], int], argv: list[str], log_path: str):
+        self.process = _context(entry).Process(target=train_run, args=(entry, argv, log_path), daemon=False)
         self.process.start()
         self.pid = self.process.pid
 
@@ -62,7 +67,7 @@ class ForkedRun:
                 pass
 
 
-def train_run(argv: list[str], log_path: str) -> None:
+def train_run(entry: Callable[[list[str]], int], argv: list[str], log_path: str) -> None:
     """In the forked process: what `python train.py ARGV > log 2>&1` in a session of its own would
     do. Its parent is the server, which ends when the sweep does (however the sweep ends): the run
     ends with its parent, as a run started fresh ends with the sweep. Exits with train.py's status."""
@@ -74,10 +79,9 @@ def train_run(argv: list[str], log_path: str) -> None:
     os.chdir(REPO_ROOT)
     os.environ[SWEEP_PID] = str(os.getppid())
     sys.argv = [str(REPO_ROOT / "train.py"), *argv]
-    import train
     code = 1
     try:
-        code = train.main(argv)
+        code = entry(argv)
         signal.signal(signal.SIGINT, signal.SIG_IGN)    # as train.py does once the run has said it is over
     finally:
         atexit._run_exitfuncs()     # what a process's exit runs; multiprocessing's own exit skips them

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from .. import checkpoint
 from ..config import (READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, SweepConfig, TrainConfig, build, read_by,
@@ -28,8 +29,10 @@ from .forked import ForkedRun, forking
 from .report import report
 
 
-def run(args, argv: list[str]) -> int:
-    """Run the grid described by parsed args (axes in args.sweep), then write the report."""
+def run(args, argv: list[str], entry: Callable[[list[str]], int] | None = None) -> int:
+    """Run the grid described by parsed args (axes in args.sweep), then write the report. entry:
+    what trains one run in-process from its arguments (train.py's main), for runs forked from a
+    server (run_start); without it each run starts as a fresh process."""
     values, sweep_cfg, out_dir, base_seed = _checked_values(args)
     record = read_json(out_dir / "sweep.json") if (out_dir / "sweep.json").exists() else None
     axes, grids = _in_recorded_order(args.sweep, record, "axes"), _in_recorded_order(args.tune, record, "tune")
@@ -42,7 +45,8 @@ def run(args, argv: list[str]) -> int:
     with checkpoint.hold_folder(out_dir):
         write_json(out_dir / "sweep.json", sweep)
         if sweep_cfg.launcher == "local":
-            return _run_here(values, sweep_cfg, sweep, out_dir, runs, run_cfgs)
+            forked = entry if entry and forking(sweep_cfg.run_start) else None
+            return _run_here(values, sweep_cfg, sweep, out_dir, runs, run_cfgs, forked)
         return _submit(values, sweep_cfg, sweep, out_dir, runs, run_cfgs, final)
 
 
@@ -112,12 +116,12 @@ def _prepare_data_and_folder(run_cfgs, out_dir: Path) -> None:
         raise UserError(f"out_dir={str(out_dir)!r} cannot be written ({e.strerror})") from None
 
 
-def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs) -> int:
+def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
+              forked: Callable[[list[str]], int] | None) -> int:
     """Train the runs left as local processes; a tuned sweep's next runs start as the results come."""
     todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
     more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if "tune" in sweep else None
-    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more,
-                     fork=forking(sweep_cfg.run_start))
+    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more, forked=forked)
 
 
 def _submit(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
@@ -229,11 +233,11 @@ def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple
 
 
 def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path,
-              more=None, fork: bool = False) -> int:
+              more=None, forked: Callable[[list[str]], int] | None = None) -> int:
     """Run todo, jobs at a time, then write the report. more(), where given, is asked for runs to add
     (all, and those to train) whenever a run has ended and a place is free: a tuned sweep's next
-    runs start as soon as the results that choose them are in. fork: each run's process forked
-    from a server that imported the trainer once (gpt/sweep/forked.py), else a fresh python."""
+    runs start as soon as the results that choose them are in. forked: the entry each run's process,
+    forked from a server that imported it once (gpt/sweep/forked.py), trains by; else a fresh python."""
     tuning = sum(r.stage == "tune" for r in runs)
     stage = f" ({tuning} tuning, {len(runs) - tuning} at each setting's chosen value)" if tuning else ""
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)}{stage} ({len(runs) - len(todo)} already finished), "
@@ -276,7 +280,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                 # a session of its own: Ctrl-C reaches the sweep alone, which then stops each
                 # run once, so that it saves its checkpoint
                 command = train_argv(values, r, threads)
-                proc = (ForkedRun(command[2:], log.name) if fork else
+                proc = (ForkedRun(forked, command[2:], log.name) if forked else
                         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                          start_new_session=True, env=env))
                 running[proc] = (r, time.time(), log)
