@@ -1051,7 +1051,7 @@ def test_only_a_second_ctrl_c_stops_at_once():
 def test_an_interrupted_sweep_says_how_to_continue(data_dir, tmp_path, monkeypatch, capsys):
     from gpt.sweep import runner
 
-    def interrupted(*args):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(runner, "run", interrupted)
     assert train.main(tiny_args(data_dir, tmp_path / "sw", "--sweep", "n_layer=1,2")) == 130
