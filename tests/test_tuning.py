@@ -325,3 +325,14 @@ def test_stop_hopeless_lets_a_slow_start_train_on(data_dir, tmp_path):
     # a rate that blows up: pruned at its first evaluation after warmup, exit status 4
     assert train.main(tiny_args(data_dir, tmp_path / "fast", "--max_iters=12", "--eval_interval=3",
                                 "--learning_rate=30", "--grad_clip=0", "--stop_hopeless=true")) == 4
+
+
+def test_lr_png_names_each_linked_setting_by_what_differs_from_the_first():
+    from gpt.sweep.study_plots import lr_labels
+    settings = [{"tie_weights": True, "embed_lr": 0.0, "beta1": 0.9, "n_embd": 64},
+                {"tie_weights": False, "embed_lr": 0.0, "beta1": 0.9, "n_embd": 64},
+                {"tie_weights": True, "embed_lr": 0.0, "beta1": 0.8, "n_embd": 64}]
+    assert lr_labels(settings, ["n_embd"]) == ["tie_weights=true, beta1=0.9", "tie_weights=false", "beta1=0.8"]
+    assert lr_labels([{"muon_split": "fused"}, {"muon_split": "qkv"}], []) == ["muon_split=fused", "muon_split=qkv"]
+    long = [{f"option_{i}": 0 for i in range(8)}, {f"option_{i}": 1 for i in range(8)}]
+    assert all(max(map(len, label.split("\n"))) <= 90 and "\n" in label for label in lr_labels(long, []))

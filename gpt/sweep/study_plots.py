@@ -4,6 +4,7 @@ setting's loss against its parameter count with a power law fitted (size.png).""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from .grid import as_text, factors
@@ -27,6 +28,17 @@ def split_setting(setting: dict, sizes: list[str]) -> tuple[str, str]:
     return rest, size
 
 
+def lr_labels(settings: list[dict], sizes: list[str]) -> list[str]:
+    """Legend entries for settings drawn in one panel: the first by every option that varies among
+    them, each other by the options where it differs from the first, so linked axes stay legible."""
+    names = [k for k in settings[0] if k not in sizes and len({as_text(s.get(k)) for s in settings}) > 1]
+    if not names:
+        return [split_setting(s, sizes)[0] for s in settings]
+    first = settings[0]
+    return [textwrap.fill(", ".join(f"{k}={as_text(s.get(k))}" for k in names if i == 0 or s.get(k) != first.get(k)),
+                          90, break_on_hyphens=False) for i, s in enumerate(settings)]
+
+
 def plot_lr(sweep: dict, tunings: list[Tuning], tuning_rows: list[dict], path: Path) -> None:
     """Final val loss against the first tuned option (log axis where its values are positive): a line
     per setting through the mean of its tuning seeds, the seeds as points, the chosen value ringed,
@@ -37,13 +49,16 @@ def plot_lr(sweep: dict, tunings: list[Tuning], tuning_rows: list[dict], path: P
     panels = {}
     for t in tunings:
         panels.setdefault(split_setting(t.setting, sizes)[1], []).append(t)
-    fig = Figure(figsize=(6 * len(panels), 4.5), layout="constrained")
+    labels = {split_setting(t.setting, sizes)[0]: label for group in panels.values()
+              for t, label in zip(group, lr_labels([t.setting for t in group], sizes))}
+    lines = sum(label.count("\n") + 1 for label in set(labels.values()))
+    fig = Figure(figsize=(6 * len(panels), 4.5 + 0.16 * lines), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     finite = [r["final_val_loss"] for r in tuning_rows if r["status"] == "finished" and math.isfinite(r["final_val_loss"])]
     top = max(finite) if finite else 1.0
     for ax, (size, group) in zip(axes, panels.items()):
         for t, colour in zip(group, _colours(len(group))):
-            label = split_setting(t.setting, sizes)[0]
+            label = labels[split_setting(t.setting, sizes)[0]]
             # along the first option, the other options at their chosen (or first) values
             fixed = {n: (t.chosen or t.points[0])[n] for n in t.names if n != name} if t.points else {}
             line = sorted((p[name], i) for i, p in enumerate(t.points)
@@ -69,8 +84,10 @@ def plot_lr(sweep: dict, tunings: list[Tuning], tuning_rows: list[dict], path: P
         ax.set_ylabel("final val loss (tuning seeds)")
         ax.set_title(f"{size + ': ' if size else ''}ring = chosen, x = diverged or pruned", fontsize=9)
         ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    # one legend below the panels (a size's panel repeats the same settings): linked axes make long entries
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize=7, frameon=False)
     fig.savefig(path, dpi=110)
 
 
