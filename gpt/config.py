@@ -236,6 +236,9 @@ class SweepConfig:
                            "way, at most this many times per edge")
     tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss stays above the unigram "
                            "level after warmup (stop_hopeless); they count as the worst loss")
+    tune_evals: int = opt(4, "with --tune: evaluations a tuning run makes after its first, evenly spaced "
+                          "and never more often than eval_interval, without diagnostics: the choice "
+                          "reads its final val loss alone; 0: as the confirmation runs")
     slurm_partition: str = opt("", "Slurm partition; empty: the cluster's default")
     slurm_time: int = opt(60, "minutes per run, Slurm's time limit (also submitit_local's); a run "
                           "stopped by it saves and is requeued")
@@ -252,7 +255,7 @@ class SweepConfig:
         _positive(self, "seeds", "jobs", "slurm_time", "tune_seeds")
         if self.tune_seed != -1:
             check_seed(self.tune_seed)
-        for name in ("slurm_gpus", "slurm_cpus", "tune_extend"):
+        for name in ("slurm_gpus", "slurm_cpus", "tune_extend", "tune_evals"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
 

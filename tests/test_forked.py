@@ -72,3 +72,17 @@ def test_a_forked_run_on_two_threads_computes_on_both_without_hanging(data_dir, 
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-500:] + proc.stderr[-500:]
     assert "(float32, 2 threads)" in (out / "n_layer=1__seed=1337" / "log.txt").read_text()
+
+
+def say_environment(argv: list[str]) -> int:
+    print(os.environ.get("GPT_FORKED_TEST", "unset"))
+    return 0
+
+
+def test_a_forked_run_gets_the_sweeps_environment_as_it_starts_not_the_servers(tmp_path, monkeypatch):
+    from gpt.sweep.forked import ForkedRun
+    monkeypatch.delenv("GPT_FORKED_TEST", raising=False)
+    assert ForkedRun(say_environment, [], str(tmp_path / "before.txt")).wait() == 0   # the server starts here
+    monkeypatch.setenv("GPT_FORKED_TEST", "seen")       # as WANDB_MODE, set after an earlier sweep in one process
+    assert ForkedRun(say_environment, [], str(tmp_path / "after.txt")).wait() == 0
+    assert (tmp_path / "before.txt").read_text() == "unset\n" and (tmp_path / "after.txt").read_text() == "seen\n"

@@ -41,7 +41,9 @@ class ForkedRun:
     entry: what trains one run from its arguments in this process (train.py's main)."""
 
     def __init__(self, entry: Callable[[list[str]], int], argv: list[str], log_path: str):
-        self.process = _context(entry).Process(target=train_run, args=(entry, argv, log_path), daemon=False)
+        # the sweep's environment now, as Popen would pass it: the server's is from when it started
+        self.process = _context(entry).Process(target=train_run, args=(entry, argv, log_path, dict(os.environ)),
+                                               daemon=False)
         self.process.start()
         self.pid = self.process.pid
 
@@ -67,9 +69,9 @@ class ForkedRun:
                 pass
 
 
-def train_run(entry: Callable[[list[str]], int], argv: list[str], log_path: str) -> None:
-    """In the forked process: what `python train.py ARGV > log 2>&1` in a session of its own would
-    do. Its parent is the server, which ends when the sweep does (however the sweep ends): the run
+def train_run(entry: Callable[[list[str]], int], argv: list[str], log_path: str, environ: dict) -> None:
+    """In the forked process: what `python train.py ARGV > log 2>&1` in a session of its own, in the
+    environment `environ`, would do. Its parent is the server, which ends when the sweep does (however the sweep ends): the run
     ends with its parent, as a run started fresh ends with the sweep. Exits with train.py's status."""
     os.setsid()     # Ctrl-C reaches the sweep alone, which then stops each run once
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -77,6 +79,8 @@ def train_run(entry: Callable[[list[str]], int], argv: list[str], log_path: str)
         os.dup2(log, fd)
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)    # as Popen's close_fds
     os.chdir(REPO_ROOT)
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ[SWEEP_PID] = str(os.getppid())
     sys.argv = [str(REPO_ROOT / "train.py"), *argv]
     code = 1

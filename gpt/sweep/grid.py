@@ -197,6 +197,8 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
                 "overwrite", "adopt_checkpoint", "wandb", "wandb_project", "wandb_run_name", "wandb_group", "wandb_job_type",
                 "wandb_tags", "stop_hopeless"}
+# a tuning run's evaluations (tune_evals) only set which rows it writes: sweeps from before it evaluated more
+TUNING_NOT_COMPARED = {"eval_interval", "diagnostics"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)
 SPEED = ("flush_denormal", "threads", "thread_split")
@@ -230,6 +232,8 @@ def changed_settings(run: SweepRun, model_cfg: GPTConfig, train_cfg: TrainConfig
                 old, new = old or before.batch_size, cfg.eval_batch_size or cfg.batch_size
                 if old != new:
                     changed.append(f"eval_batch_size={old} in the run, {new} now")
+                continue
+            if run.stage == "tune" and f.name in TUNING_NOT_COMPARED:
                 continue
             if f.name not in NOT_COMPARED and old != getattr(cfg, f.name):
                 changed.append(f"{f.name}={shown(old)} in the run, {shown(getattr(cfg, f.name))} now")

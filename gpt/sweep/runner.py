@@ -93,6 +93,7 @@ def _sweep_record(values: dict, sweep_cfg: SweepConfig, base_seed: int, axes: di
             **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
             **({"tune": grids, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune,
+                "tune_evals": sweep_cfg.tune_evals,
                 # what a grid's next step is checked against, wherever the plan is made again
                 "values": {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}}
                if grids else {})}

@@ -22,6 +22,18 @@ TUNE_DIR = "tune"       # the tuning runs' folders, apart from the confirmation 
 SEED_OFFSET = 1000      # the first tuning seed by default: seed + this
 
 
+def tuning_extra(sweep: dict, setting: dict) -> dict:
+    """What a setting's tuning runs get beyond their values: stop_hopeless where the sweep prunes,
+    and evaluations only as often as tune_evals asks, without diagnostics (the choice reads the final
+    val loss, LR sensitivity the first; neither the report nor the figures read the rest)."""
+    extra = {"stop_hopeless": True} if sweep.get("tune_prune") else {}
+    if sweep.get("tune_evals"):     # sweeps recorded before tune_evals evaluate as they always did
+        given = {**sweep.get("values", {}), **setting}
+        steps, interval = (given.get(n, TrainConfig.__dataclass_fields__[n].default) for n in ("max_iters", "eval_interval"))
+        extra.update(eval_interval=max(interval, math.ceil(steps / sweep["tune_evals"])), diagnostics=False)
+    return extra
+
+
 def tuning_seeds(sweep: dict) -> list[int]:
     first = sweep["tune_seed"] if sweep.get("tune_seed", -1) != -1 else sweep["base_seed"] + SEED_OFFSET
     return list(range(first, first + sweep.get("tune_seeds", 1)))
@@ -200,7 +212,7 @@ def plan(sweep: dict, out_dir: Path) -> Plan:
                          lambda point, seed: ended_loss(folder(point, seed)),
                          lambda point, setting=setting: valid_point(sweep, {**setting, **point}))
         tunings.append(t)
-        extra = {"stop_hopeless": True} if sweep.get("tune_prune") else {}
+        extra = tuning_extra(sweep, setting)
         tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune", extra) for p in t.points for s in seeds]
         if t.chosen is not None:
             confirm_runs += [SweepRun(setting, seed, run_folder(out_dir, setting, seed, t.chosen), dict(t.chosen))
