@@ -71,8 +71,9 @@ class ForkedRun:
 
 def train_run(entry: Callable[[list[str]], int], argv: list[str], log_path: str, environ: dict) -> None:
     """In the forked process: what `python train.py ARGV > log 2>&1` in a session of its own, in the
-    environment `environ`, would do. Its parent is the server, which ends when the sweep does (however the sweep ends): the run
-    ends with its parent, as a run started fresh ends with the sweep. Exits with train.py's status."""
+    environment `environ`, would do. Its parent is the server, which ends when the sweep does
+    (however the sweep ends): the run ends with its parent, as a run started fresh ends with the
+    sweep. Exits with train.py's status."""
     os.setsid()     # Ctrl-C reaches the sweep alone, which then stops each run once
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for fd in (1, 2):

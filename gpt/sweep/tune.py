@@ -28,9 +28,9 @@ def tuning_extra(sweep: dict, setting: dict) -> dict:
     val loss, LR sensitivity the first; neither the report nor the figures read the rest)."""
     extra = {"stop_hopeless": True} if sweep.get("tune_prune") else {}
     if sweep.get("tune_evals"):     # sweeps recorded before tune_evals evaluate as they always did
-        given = {**sweep.get("values", {}), **setting}
-        steps, interval = (given.get(n, TrainConfig.__dataclass_fields__[n].default) for n in ("max_iters", "eval_interval"))
-        extra.update(eval_interval=max(interval, math.ceil(steps / sweep["tune_evals"])), diagnostics=False)
+        cfg = build(TrainConfig, {**sweep.get("values", {}), **setting})
+        extra.update(eval_interval=max(cfg.eval_interval, math.ceil(cfg.max_iters / sweep["tune_evals"])),
+                     diagnostics=False)
     return extra
 
 
