@@ -65,7 +65,7 @@ def run(argv: list[str]) -> int:
               if out_dir and (out_dir / "ckpt.pt").exists() else "interrupted; no checkpoint was saved",
               file=sys.stderr)
         return 130
-    return signals.exit_status(summary["stopped_by"])
+    return outcome.PAUSED_EXIT if summary.get("paused") else signals.exit_status(summary["stopped_by"])
 
 
 if __name__ == "__main__":

@@ -209,7 +209,7 @@ TRAIN_GROUPS = {
                      "muon_split", "muon_head_group", "muon_momentum_warmup", "muon_momentum_start", "embed_lr", "head_lr", "grad_clip", "skip_nonfinite", "stop_hopeless"),
     "schedule": ("lr_schedule", "warmup_iters", "lr_decay_iters", "min_lr", "min_lr_ratio", "cooldown_frac"),
     "evaluation and checkpoints": ("eval_interval", "eval_iters", "eval_batch_size", "out_dir", "resume",
-                                   "overwrite", "adopt_checkpoint"),
+                                   "overwrite", "adopt_checkpoint", "pause_at"),
     "logging": ("log_interval", "diagnostics", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
                 "wandb_job_type", "wandb_tags"),
     "system": ("device", "dtype", "matmul_precision", "compile", "threads", "flush_denormal", "thread_split",

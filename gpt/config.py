@@ -143,6 +143,9 @@ class TrainConfig:
                               "warmup whose val loss is above the unigram level and no better than the "
                               "evaluations before: it has stopped learning short of the characters' "
                               "frequencies; a sweep's --tune_prune sets it on tuning runs")
+    pause_at: int = opt(0, "end the run at this iteration, after an evaluation there, with its checkpoint "
+                        "saved (status paused, exit status 5); --resume then trains on to max_iters; "
+                        "0: train to max_iters")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
                           "deleting them; without it such a start is refused")
@@ -163,7 +166,7 @@ class TrainConfig:
         _positive(self, "batch_size", "gradient_accumulation_steps", "max_iters", "eval_interval",
                   "eval_iters", "log_interval", "learning_rate", "muon_lr", "muon_head_group")
         for name in ("muon_weight_decay", "muon_momentum_warmup", "embed_lr", "head_lr", "min_lr", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip",
-                     "threads", "eval_batch_size"):
+                     "threads", "eval_batch_size", "pause_at"):
             if getattr(self, name) < 0:
                 raise UserError(f"{name}={getattr(self, name)} must not be negative")
         check_seed(self.seed)
@@ -182,6 +185,9 @@ class TrainConfig:
             raise UserError(f"lr_decay_iters={self.lr_decay_iters} is not after the end of warmup_iters="
                             f"{self.warmup_iters}; the decay would start with a drop to min_lr "
                             "(raise lr_decay_iters, lower warmup_iters, or pass --lr_schedule=constant)")
+        if self.pause_at >= self.max_iters:
+            raise UserError(f"pause_at={self.pause_at} is not before max_iters={self.max_iters}: there would be "
+                            "nothing left to resume; give a lower pause_at, or 0 to train to the end")
         if not 0.0 < self.cooldown_frac <= 1.0:
             raise UserError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
         for name in ("beta1", "beta2", "muon_momentum", "muon_momentum_start"):

@@ -125,7 +125,7 @@ class Loop:
         run, cfg = self.run, self.cfg
         with self.stop:
             # one process of one: under DDP a backward outside the wrapper would not meet the others'
-            if run.master and run.world == 1 and run.at.start_iter < cfg.max_iters:
+            if run.master and run.world == 1 and run.at.start_iter < (cfg.pause_at or cfg.max_iters):
                 estimate.say(run, self.all_threads, lambda: self.stop.signal is not None)
             self.t_start = self.tick = self.step_end = time.perf_counter()     # the estimate is not training
             self.cpu_tick, self.loop_start = time.process_time(), time.time()
@@ -137,7 +137,7 @@ class Loop:
                 self.log_timing()
         self.summary.update(iters=it, best_val_loss=run.at.best_val, skipped_steps=self.skipped,
                             wall_s=time.perf_counter() - self.t_start)
-        if run.master and not self.summary["stopped_by"]:
+        if run.master and not self.summary["stopped_by"] and not self.summary.get("paused"):
             self.say_done(it)
         return self.summary
 
@@ -151,10 +151,13 @@ class Loop:
             run.optimizer.set_lr(lr)    # before evaluating: diagnostics read it
             if cfg.optimizer == "muon" and cfg.muon_momentum_warmup:
                 run.optimizer.set_momentum(momentum_at(it, cfg))
-            if (it % cfg.eval_interval == 0 or it == cfg.max_iters) and it != run.at.last_eval:
+            if (it % cfg.eval_interval == 0 or it in (cfg.max_iters, cfg.pause_at)) and it != run.at.last_eval:
                 if not self.evaluate(it, lr):
                     self.stop_at(it)
                     return it
+            if cfg.pause_at and it == cfg.pause_at:
+                self.pause(it)
+                return it
             if it >= cfg.max_iters:
                 self.read_steps()
                 return it
@@ -363,6 +366,18 @@ class Loop:
             run.metrics.log({"kind": "event", "iter": it, "event": f"stopped by {signal_name}"})
             self.bar.write(f"{signal_name}: {done}")
         self.summary["stopped_by"] = signal_name
+
+    def pause(self, it: int) -> None:
+        """End the run at pause_at, its state saved (the evaluation there saved it, unless its loss was
+        not finite), for --resume to train on from."""
+        run = self.run
+        self.read_steps()
+        if run.master:
+            if run.at.last_saved != it and it > run.at.start_iter:
+                self.save(it)
+            run.metrics.log({"kind": "event", "iter": it, "event": "paused"})
+            self.bar.write(f"paused at iteration {it} (pause_at); {how_to_continue(run.out_dir)}")
+        self.summary["paused"] = True
 
     def say_done(self, it: int) -> None:
         at = self.run.at

@@ -72,7 +72,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
                                verify=("model_config", "train_config"))
         base_model, base_train = ckpt["model_config"], ckpt["train_config"]
         if isinstance(base_train, dict):    # how that run was started is not how this one is
-            base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite")}
+            base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite", "pause_at")}
             base_train.setdefault("thread_split", "ops")    # saved before the split: go on as it ran
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
