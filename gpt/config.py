@@ -144,8 +144,8 @@ class TrainConfig:
                               "evaluations before: it has stopped learning short of the characters' "
                               "frequencies; a sweep's --tune_prune sets it on tuning runs")
     pause_at: int = opt(0, "end the run at this iteration, after an evaluation there, with its checkpoint "
-                        "saved (status paused, exit status 5); --resume then trains on to max_iters; "
-                        "0: train to max_iters")
+                        "saved (status paused, exit status 5); --resume then trains on to max_iters. "
+                        "A sweep's --tune_halving sets it on tuning runs; 0: train to max_iters")
     resume: bool = opt(False, "continue from out_dir/ckpt.pt")
     overwrite: bool = opt(False, "start afresh in an out_dir that holds an earlier run's checkpoints, "
                           "deleting them; without it such a start is refused")
@@ -242,6 +242,9 @@ class SweepConfig:
                            "way, at most this many times per edge")
     tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss stays above the unigram "
                            "level after warmup (stop_hopeless); they count as the worst loss")
+    tune_halving: bool = opt(False, "with --tune: successive halving; each setting's given grid trains to a "
+                             "quarter of max_iters, where the best point there, its neighbours one grid "
+                             "step away and the best half train on and the rest stop (docs/sweeps.md)")
     tune_evals: int = opt(4, "with --tune: evaluations a tuning run makes after its first, evenly spaced "
                           "and never more often than eval_interval, without diagnostics: the choice "
                           "reads its final val loss alone; 0: as the confirmation runs")

@@ -2,12 +2,15 @@
 grid points train on, and a halved study's choice and report."""
 
 import json
+import math
 
 import pytest
 
 import train
 from conftest import tiny_args, untimed_metrics
 from gpt import checkpoint
+from gpt.sweep import halving, tune
+from gpt.sweep.grid import ended
 from gpt.train.outcome import PAUSED_EXIT
 
 
@@ -42,3 +45,88 @@ def test_a_pause_past_the_end_is_refused_in_one_line(data_dir, tmp_path, capsys,
     assert train.main(tiny_args(data_dir, tmp_path / "r", "--max_iters=16", *extra)) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and not (tmp_path / "r").exists()
+
+
+def test_the_leader_its_neighbours_and_the_best_half_train_on():
+    rates = [{"learning_rate": v} for v in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)]
+    # the leader 3e-2: its neighbours 1e-2 and 1e-1 go on with it, and the best half (1e-3 is in it)
+    kept = halving.kept_points(rates, ["learning_rate"], [2.1, 2.4, 2.3, 2.0, 2.35, 2.9])
+    assert sorted(rates[i]["learning_rate"] for i in kept) == [1e-3, 1e-2, 3e-2, 1e-1]
+    # a leader at an edge has one neighbour; nothing learned by the rung: every point goes on
+    assert halving.kept_points(rates[:4], ["learning_rate"], [2.0, 2.5, 2.6, 2.7]) == {0, 1}
+    assert halving.kept_points(rates[:4], ["learning_rate"], [math.inf] * 4) == {0, 1, 2, 3}
+    # two tuned options: the neighbours along each, the other held at the leader's
+    grid = tune.grid_points(["learning_rate", "muon_lr"], {"learning_rate": [1e-3, 1e-2, 1e-1],
+                                                            "muon_lr": [1e-2, 3e-2, 1e-1]})
+    losses = [3.0, 2.9, 3.1, 3.2, 2.0, 3.3, 3.4, 3.5, 3.6]   # the middle point leads; 5 make the best half
+    kept = {tuple(grid[i].values()) for i in halving.kept_points(grid, ["learning_rate", "muon_lr"], losses)}
+    assert kept == {(1e-2, 3e-2), (1e-3, 3e-2), (1e-1, 3e-2), (1e-2, 1e-2), (1e-2, 1e-1), (1e-3, 1e-2), (1e-3, 1e-1)}
+
+
+def paused_at(folder, rung: int, loss: float, status: str = "paused") -> None:
+    folder.mkdir(parents=True)
+    rows = [{"kind": "eval", "iter": 0, "val_loss": 4.2}, {"kind": "eval", "iter": rung, "val_loss": loss}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "result.json").write_text(json.dumps({"status": status, "returncode": 5}))
+
+
+def test_the_plan_pauses_the_grid_at_the_rung_then_lets_the_kept_points_train_on(tmp_path):
+    sweep = {"axes": {"n_head": [4]}, "seeds": 2, "base_seed": 1337, "command": "x", "tune_seeds": 1,
+             "tune_seed": -1, "tune_extend": 1, "tune_halving": True, "values": {"max_iters": 400},
+             "tune": {"learning_rate": [1e-3, 3e-3, 1e-2, 3e-2]}}
+    first = tune.plan(sweep, tmp_path)
+    assert [r.extra.get("pause_at") for r in first.tuning_runs] == [100] * 4 and not first.confirm_runs
+    rung = dict(zip((1e-3, 3e-3, 1e-2, 3e-2), (2.6, 2.2, 2.1, 2.5)))
+    for r in first.tuning_runs[:3]:
+        paused_at(r.folder, 100, rung[r.tuned["learning_rate"]])
+    waiting = tune.plan(sweep, tmp_path)     # one point short of the rung: all wait, nothing stops
+    assert [r.extra.get("pause_at") for r in waiting.tuning_runs] == [100] * 4
+    paused_at(first.tuning_runs[3].folder, 100, rung[3e-2])
+    at_rung = tune.plan(sweep, tmp_path)
+    going_on = {r.tuned["learning_rate"]: "pause_at" not in r.extra for r in at_rung.tuning_runs}
+    assert going_on == {1e-3: False, 3e-3: True, 1e-2: True, 3e-2: True}
+    [t] = at_rung.tunings
+    assert t.halved == [{"learning_rate": 1e-3}] and t.rung == 100 and t.chosen is None
+    for r in at_rung.tuning_runs[1:]:       # the three train on; 3e-3 ends best
+        (r.folder / "metrics.jsonl").open("a").write(json.dumps(
+            {"kind": "eval", "iter": 400, "val_loss": 1.9 if r.tuned["learning_rate"] == 3e-3 else 2.0}) + "\n")
+        (r.folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0}))
+    done = tune.plan(sweep, tmp_path)
+    assert done.tunings[0].chosen == {"learning_rate": 3e-3}
+    assert [r.tuned for r in done.confirm_runs] == [{"learning_rate": 3e-3}] * 2
+    # the stopped point counts as ended, so the sweep trains nothing more of it
+    assert ended(done.tuning_runs[0], "paused") and not ended(at_rung.tuning_runs[1], "paused")
+
+
+@pytest.mark.e2e
+def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data_dir, tmp_path, capsys):
+    def study(out, *more):
+        code = train.main(tiny_args(data_dir, out, "--max_iters=16", "--eval_interval=4", "--sweep",
+                                    "residual=true,false", "--tune", "learning_rate=3e-4,1e-3,3e-3,1e-2",
+                                    "--tune_extend=0", "--jobs=2", *more))
+        finals = {}
+        for metrics in (out / "tune").glob("*/metrics.jsonl"):
+            rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+            finals[metrics.parent.name] = [(r["iter"], r["val_loss"]) for r in rows if r["kind"] == "eval"][-1]
+        return code, finals
+    code, whole = study(tmp_path / "whole")
+    assert code == 0
+    code, halved = study(tmp_path / "halved", "--tune_halving=true")
+    assert code == 0
+    stopped = {name for name, (it, _) in halved.items() if it == 4}
+    # 4 points a setting: the leader, its neighbours and the best half go on, so 1 or 2 stop in each;
+    # after 16 steps the highest rate leads, and the two lowest stop
+    assert {n.split("__")[1] for n in stopped} == {"learning_rate=0.0003", "learning_rate=0.001"}
+    assert len(stopped) == 4 and all(halved[n] == whole[n] for n in halved if n not in stopped)
+    for name in stopped:
+        assert checkpoint.load(tmp_path / "halved" / "tune" / name / "ckpt.pt")["iter"] == 4
+    summary = (tmp_path / "halved" / "summary.md").read_text()
+    assert "Successive halving (tune_halving): each setting's given grid trained to step 4 and paused" in summary
+    def chosen(out):
+        return [t.chosen for t in tune.plan(json.loads((out / "sweep.json").read_text()), out).tunings]
+    assert chosen(tmp_path / "halved") == chosen(tmp_path / "whole") == [{"learning_rate": 1e-2}] * 2
+    capsys.readouterr()
+    assert study(tmp_path / "halved", "--tune_halving=true")[0] == 0       # nothing left to train
+    assert "sweep: 10 runs (8 tuning, 2 at each setting's chosen value) (10 already finished)" in capsys.readouterr().out
+    assert study(tmp_path / "halved")[0] == 2
+    assert "was tuned with tune_halving=true; give --tune_halving=true to continue it" in capsys.readouterr().err

@@ -192,7 +192,26 @@ def tuning_section(sweep: dict, tunings: list[Tuning], tuning_rows: list[dict]) 
             "each setting is compared at its own best value. A diverged or pruned tuning run counts as the "
             "worst loss. LR sensitivity (Wortsman et al. 2023): the mean over the given grid of "
             "min(final loss, initial loss) minus the best of them; the lower, the less the setting's result "
-            "depends on hitting its best rate.\n\n" + "\n".join(lines))
+            "depends on hitting its best rate.\n\n" + "\n".join(lines) + halving_text(tunings))
+
+
+def halving_text(tunings: list[Tuning]) -> str:
+    """What successive halving stopped: per setting, the points stopped at the rung, with their val
+    loss there against the best point's."""
+    halved = [t for t in tunings if t.rung]
+    if not halved:
+        return ""
+    lines = []
+    for t in halved:
+        best = min(t.at_rung)
+        stopped = ", ".join(f"{point_label(p)} ({t.at_rung[t.base.index(p)]:.3f})" for p in t.halved) or "none"
+        lines.append(f"- {setting_label(t.setting)}: stopped {stopped}; the best there "
+                     f"{point_label(t.base[t.at_rung.index(best)])} ({best:.3f})")
+    return ("\n\nSuccessive halving (tune_halving): each setting's given grid trained to step "
+            f"{', '.join(sorted({str(t.rung) for t in halved}))} and paused; the point best there, its neighbours "
+            "one grid step away and the best half trained on, and the rest stopped (val loss at that "
+            "step in brackets). LR sensitivity needs every point's final loss, so it is not given for "
+            "a setting whose grid was halved.\n" + "\n".join(lines))
 
 
 def point_label_list(values: list) -> str:
@@ -202,7 +221,7 @@ def point_label_list(values: list) -> str:
 def sensitivity_text(t: Tuning, by_folder: dict) -> str:
     """LR sensitivity over the points of the given grid (the same for every setting, so that the
     figures compare), from each point's mean loss and the runs' initial loss."""
-    if not t.trained:
+    if not t.trained or t.halved:
         return "—"
     base = [i for i, p in enumerate(t.points) if p in t.base]
     initial = [e["val_loss"] for r in by_folder.values() if r["_setting_values"] == t.setting

@@ -43,6 +43,19 @@ class SweepRun:
 DONE = ("finished", "diverged", "pruned")
 
 
+def ended(run: SweepRun, status: str | None) -> bool:
+    """Whether the run, whose result.json says status, needs no more training: done, or paused at
+    the rung its plan still stops it at (a tuning run that successive halving stopped, or one
+    waiting for the rest of its setting's grid to reach the rung)."""
+    return status in DONE or (status == "paused" and bool(run.extra.get("pause_at")))
+
+
+def status_of(folder: Path) -> str | None:
+    """The status in a run folder's result.json; None before its run has ended."""
+    path = folder / "result.json"
+    return read_json(path).get("status") if path.exists() else None
+
+
 def as_text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 

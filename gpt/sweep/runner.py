@@ -19,11 +19,11 @@ from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
 from ..progress import duration
-from ..train.outcome import DIVERGED_EXIT, PRUNED_EXIT, loss_text, run_status
+from ..train.outcome import DIVERGED_EXIT, PAUSED_EXIT, PRUNED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
-from .grid import (DONE, SweepRun, axis_names, changed_settings, check_grid, count_runs, final_eval,
-                   finished_by_checkpoint, read_json, run_threads, settings_of, train_argv)
+from .grid import (SweepRun, axis_names, changed_settings, check_grid, count_runs, final_eval,
+                   ended, finished_by_checkpoint, read_json, run_threads, settings_of, status_of, train_argv)
 from . import submit, tune
 from .forked import ForkedRun, forking
 from .report import report
@@ -39,6 +39,7 @@ def run(args, argv: list[str], entry: Callable[[list[str]], int] | None = None) 
     pin_eval_batch(values, axes, args.tune, record)
     sweep = _sweep_record(values, sweep_cfg, base_seed, axes, grids, argv)
     _check_plan(values, sweep_cfg, sweep, axes, grids)
+    _check_halving(sweep, record, out_dir)
     runs, final = _stage(tune.plan(sweep, out_dir))
     run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
     _prepare_data_and_folder(run_cfgs, out_dir)
@@ -93,7 +94,7 @@ def _sweep_record(values: dict, sweep_cfg: SweepConfig, base_seed: int, axes: di
             **({"eval_batch_size": values["eval_batch_size"]} if "eval_batch_size" in values else {}),
             **({"tune": grids, "tune_seeds": sweep_cfg.tune_seeds, "tune_seed": sweep_cfg.tune_seed,
                 "tune_extend": sweep_cfg.tune_extend, "tune_prune": sweep_cfg.tune_prune,
-                "tune_evals": sweep_cfg.tune_evals,
+                "tune_evals": sweep_cfg.tune_evals, "tune_halving": sweep_cfg.tune_halving,
                 # what a grid's next step is checked against, wherever the plan is made again
                 "values": {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}}
                if grids else {})}
@@ -105,6 +106,15 @@ def _check_plan(values: dict, sweep_cfg: SweepConfig, sweep: dict, axes: dict, g
         tune.check_seeds(sweep)
         _check_tuned_read(values, axes, grids)
     count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in grids.values()) if grids else 0)
+
+
+def _check_halving(sweep: dict, record: dict | None, out_dir: Path) -> None:
+    """Refuse turning successive halving on or off in a sweep whose tuning has begun: its runs
+    trained past the rung, or stopped there, under the other plan."""
+    before = bool((record or {}).get("tune_halving"))
+    if "tune" in sweep and before != bool(sweep["tune_halving"]) and (out_dir / tune.TUNE_DIR).is_dir():
+        raise UserError(f"{out_dir} was tuned with tune_halving={str(before).lower()}; give "
+                        f"--tune_halving={str(before).lower()} to continue it, or another --out_dir")
 
 
 def _prepare_data_and_folder(run_cfgs, out_dir: Path) -> None:
@@ -120,7 +130,7 @@ def _prepare_data_and_folder(run_cfgs, out_dir: Path) -> None:
 def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
               forked: Callable[[list[str]], int] | None) -> int:
     """Train the runs left as local processes; a tuned sweep's next runs start as the results come."""
-    todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
+    todo = _unfinished(runs, run_cfgs, [_done(r) for r in runs])
     more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if "tune" in sweep else None
     return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more, forked=forked)
 
@@ -129,13 +139,13 @@ def _submit(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, ru
             final: bool) -> int:
     """Launch the runs left as submitit jobs; on submitit_local, a tuned sweep's next stage follows each."""
     while True:
-        todo = _unfinished(runs, run_cfgs, [_done(r.folder) for r in runs])
+        todo = _unfinished(runs, run_cfgs, [_done(r) for r in runs])
         code = submit.launch(values, sweep_cfg, todo, len(runs), out_dir, final)
         if code or final or sweep_cfg.launcher == "slurm":
             return code
-        before = [r.folder for r in runs]
+        before = [_planned(r) for r in runs]
         runs, final = _stage(tune.plan(sweep, out_dir))
-        if [r.folder for r in runs] == before:    # its runs are another start's jobs, still at work
+        if [_planned(r) for r in runs] == before:    # its runs are another start's jobs, still at work
             print("the tuning runs left are jobs of an earlier start, still at work; once they end, run the "
                   "same command again to go on (python -m gpt.sweep status shows them)")
             return 0
@@ -179,18 +189,21 @@ def _check_tuned_read(values: dict, axes: dict, grids: dict) -> None:
 
 
 def _more_runs(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun]):
-    """For a tuned sweep run here: a function that gives the runs its plan holds now and did not
-    before (a grid's next point, a setting's runs at its chosen value), with those still to train."""
+    """For a tuned sweep run here: a function that, given the folders at work, gives the runs its
+    plan holds now and those of them to train: a grid's next point, a setting's runs at its chosen
+    value, the tuning runs halving lets train on past the rung. A run that failed here waits for
+    the command's next start."""
     known = {r.folder for r in runs}
 
-    def more() -> tuple[list[SweepRun], list[SweepRun]]:
+    def more(busy: set[Path]) -> tuple[list[SweepRun], list[SweepRun]]:
         current, _ = _stage(tune.plan(sweep, out_dir))
+        waiting = [r for r in current if r.folder not in busy and not _done(r) and status_of(r.folder) != "failed"]
         fresh = [r for r in current if r.folder not in known]
-        if not fresh:
-            return [], []
-        cfgs = _checked(values, sweep_cfg, fresh, out_dir)
+        if not waiting:
+            return current, []
+        cfgs = _checked(values, sweep_cfg, waiting, out_dir, quiet=not fresh)
         known.update(r.folder for r in fresh)
-        return fresh, [r for r, _ in _unfinished(fresh, cfgs, [_done(r.folder) for r in fresh])]
+        return current, [r for r, _ in _unfinished(waiting, cfgs, [False] * len(waiting))]
     return more
 
 
@@ -200,10 +213,11 @@ def _stage(current: tune.Plan) -> tuple[list[SweepRun], bool]:
     return current.tuning_runs + current.confirm_runs, current.chosen_all
 
 
-def _checked(values: dict, sweep_cfg: SweepConfig, runs: list[SweepRun], out_dir: Path):
-    """Each run's configs, once the grid is valid and every run kept was trained as it would be now."""
+def _checked(values: dict, sweep_cfg: SweepConfig, runs: list[SweepRun], out_dir: Path, quiet: bool = False):
+    """Each run's configs, once the grid is valid and every run kept was trained as it would be now;
+    quiet: without the line on runs trained by other code, said already."""
     run_cfgs = check_grid(values, runs, run_threads(sweep_cfg.jobs))
-    ended = [_done(r.folder) for r in runs]         # finished or diverged: read once
+    ended = [_done(r) for r in runs]         # finished or diverged: read once
     for r, (model_cfg, train_cfg), end in zip(runs, run_cfgs, ended):
         kept = end or (r.folder / "ckpt.pt").exists()   # else it starts afresh, keeping nothing
         changed = changed_settings(r, model_cfg, train_cfg) if kept else []
@@ -213,7 +227,7 @@ def _checked(values: dict, sweep_cfg: SweepConfig, runs: list[SweepRun], out_dir
                             "to continue it")
     older = [r for r, end in zip(runs, ended) if (end or (r.folder / "ckpt.pt").exists())
              and listed_in(run_record(r.folder / "config.json")) != [checkpoint.code_version()]]
-    if older:
+    if older and not quiet:
         print(f"{len(older)} of the runs kept were trained, in whole or in part, by other code than "
               "this (gpt/ has changed since, or they predate the record): sweep.csv's code column "
               "marks them; delete a run's folder to train it again")
@@ -249,20 +263,20 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(raise_on_signal)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
-    ended = True        # a run has ended since more() was last asked: its answer may have changed
+    news = True         # a run has ended since more() was last asked: its answer may have changed
     try:
         while True:
-            if more and ended and not todo and len(running) < jobs:
-                ended = False
+            if more and news and not todo and len(running) < jobs:
+                news = False
                 try:
-                    fresh, to_train = more()
+                    current, to_train = more({r.folder for r, _, _ in running.values()})
                 except UserError:       # an extended grid point that is no valid config
                     _stop(running, done, len(runs), "a run the sweep would start next is not valid")
                     raise
-                runs.extend(fresh)
+                runs[:] = current
                 todo.extend(to_train)
-                done += len(fresh) - len(to_train)
-                if fresh:
+                done = len(runs) - len(todo) - len(running)
+                if to_train:
                     print(f"[{done}/{len(runs)} done] {len(to_train)} more run{'s' * (len(to_train) != 1)} "
                           "to train, now that tuning results are in", flush=True)
             if not (todo or running):
@@ -290,7 +304,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
                 done += 1
-                ended = True
+                news = True
                 _record(running.pop(proc), proc.returncode, done, len(runs), walls, jobs)
     except KeyboardInterrupt as stop:
         signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
@@ -300,7 +314,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    failed = [r for r in runs if not _done(r.folder)]
+    failed = [r for r in runs if not _done(r)]
     report(out_dir)
     if failed:
         print(f"{len(failed)} of {len(runs)} runs failed (see log.txt in their folders, e.g. "
@@ -326,15 +340,20 @@ def _stop(running: dict, done: int, total: int, why: str) -> None:
         proc.terminate()          # each run saves a checkpoint; the next start resumes it
     for proc, entry in running.items():
         code = proc.wait()
-        if code in (0, DIVERGED_EXIT, PRUNED_EXIT):      # it had ended just before the stop
+        if code in (0, DIVERGED_EXIT, PRUNED_EXIT, PAUSED_EXIT):      # it had ended just before the stop
             done += 1
             _record(entry, code, done, total)
 
 
-def _done(folder: Path) -> bool:
-    """Finished or diverged: a failed run (a crash, a bad grid point) is worth another try."""
-    path = folder / "result.json"
-    return path.exists() and read_json(path).get("status") in DONE
+def _done(run: SweepRun) -> bool:
+    """Finished, diverged, or paused where its plan stops it: a failed run (a crash, a bad grid
+    point) is worth another try."""
+    return ended(run, status_of(run.folder))
+
+
+def _planned(run: SweepRun) -> tuple:
+    """What the plan asks of a run: its folder, and the rung it stops at (halving), if any."""
+    return run.folder, run.extra.get("pause_at")
 
 
 def _record(entry, returncode: int, done: int, total: int, walls: list[float] | None = None, jobs: int = 1) -> None:

@@ -11,7 +11,7 @@ from .. import checkpoint
 from ..config import user_path
 from ..errors import UserError, say_error
 from . import submitted
-from .grid import DONE, read_json
+from .grid import ended, read_json
 from .results import collect
 
 
@@ -53,7 +53,7 @@ def standing(out_dir: Path) -> tuple[dict[str, list[str]], list]:
         path = r.folder / "result.json"
         status = read_json(path).get("status") if path.exists() else None
         job = found.get(r.name)
-        key = ("done" if status in DONE else "failed" if status else job if job in ("running", "queued")
+        key = ("done" if ended(r, status) else "failed" if status not in (None, "paused") else job if job in ("running", "queued")
                else "running" if held(r.folder) else "queued" if at_work and not job
                else "stopped" if (r.folder / "ckpt.pt").exists()
                else "not started" if job and not (r.folder / "log.txt").exists()

@@ -61,8 +61,8 @@ def plot_lr(sweep: dict, tunings: list[Tuning], tuning_rows: list[dict], path: P
             label = labels[split_setting(t.setting, sizes)[0]]
             # along the first option, the other options at their chosen (or first) values
             fixed = {n: (t.chosen or t.points[0])[n] for n in t.names if n != name} if t.points else {}
-            line = sorted((p[name], i) for i, p in enumerate(t.points)
-                          if name in p and all(p[n] == v for n, v in fixed.items()))
+            line = sorted((p[name], i) for i, p in enumerate(t.points)     # halving's stopped points left out
+                          if name in p and p not in t.halved and all(p[n] == v for n, v in fixed.items()))
             means = [(v, t.mean(i)) for v, i in line if t.losses[i] and None not in t.losses[i]]
             shown = [(v, m) for v, m in means if math.isfinite(m)]
             if shown:

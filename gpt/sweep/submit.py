@@ -18,7 +18,7 @@ from ..console import Terminated
 from ..errors import UserError
 from ..train.signals import catch_signals, raise_on_signal
 from . import submitted
-from .grid import DONE, SweepRun, final_eval, read_json, run_threads
+from .grid import SweepRun, ended, final_eval, read_json, run_threads
 from .job import RunJob
 from .report import report
 
@@ -160,7 +160,7 @@ def _wait_locally(executor, values: dict, jobs: int, todo: list[tuple[SweepRun, 
             signal.signal(sig, handler)
         record = submitted.read(out_dir)
         submitted.write(out_dir, {**record, "submitter": None, "submitter_start": None})
-    failed = [r for r in runs if _status(r.folder) not in DONE]
+    failed = [r for r in runs if not ended(r, _status(r.folder))]
     if final or failed:
         report(out_dir)
     if failed:

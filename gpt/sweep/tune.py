@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..config import GPTConfig, TrainConfig, build, read_by_optimizer
 from ..errors import UserError
-from .grid import DONE, SweepRun, expand, final_eval, read_json, run_folder, settings_of
+from . import halving
+from .grid import DONE, SweepRun, evals_of, expand, final_eval, read_json, run_folder, settings_of, status_of
 
 TUNE_DIR = "tune"       # the tuning runs' folders, apart from the confirmation runs
 SEED_OFFSET = 1000      # the first tuning seed by default: seed + this
@@ -82,6 +83,9 @@ class Tuning:
     extended: dict = field(default_factory=dict)      # (name, "low" | "high") -> grid steps added
     closed: dict = field(default_factory=dict)        # (name, side) -> the next step, not a valid value
     chosen: dict | None = None
+    rung: int = 0                                      # the iteration halving compared the given grid at
+    at_rung: list[float] = field(default_factory=list)     # each given point's mean val loss there
+    halved: list[dict] = field(default_factory=list)       # the given points stopped there
 
     @property
     def trained(self) -> bool:
@@ -113,6 +117,11 @@ class Tuning:
         return f"at the {side} edge"
 
 
+def grid_points(names: list[str], grids: dict[str, list]) -> list[dict]:
+    """Every combination of the tuned options' given values, the first option slowest."""
+    return [dict(zip(names, values)) for values in itertools.product(*(grids[n] for n in names))]
+
+
 def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds: list[int], extend: int,
                  loss_at, valid=lambda point: True) -> Tuning:
     """A setting's tuning as far as its results go: loss_at(point, seed) is a run's final loss (inf
@@ -123,7 +132,7 @@ def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds:
     grows downward."""
     if not names:       # it reads no tuned option (muon_lr under AdamW): nothing to choose
         return Tuning(setting, names, [], [], [], chosen={})
-    base = [dict(zip(names, values)) for values in itertools.product(*(grids[n] for n in names))]
+    base = grid_points(names, grids)
     t = Tuning(setting, names, base, list(base), [])
     while True:
         t.losses = [[loss_at(p, s) for s in seeds] for p in t.points]
@@ -208,12 +217,28 @@ def plan(sweep: dict, out_dir: Path) -> Plan:
     for setting in settings_of(sweep["axes"]):
         def folder(point: dict, seed: int, setting=setting) -> Path:
             return run_folder(out_dir / TUNE_DIR, setting, seed, point)
-        t = tune_setting(setting, tuned_names(sweep, setting), sweep["tune"], seeds, sweep.get("tune_extend", 2),
-                         lambda point, seed: ended_loss(folder(point, seed)),
+        names = tuned_names(sweep, setting)
+        base = grid_points(names, sweep["tune"]) if names else []
+        rung = halving.rung_for(sweep, setting, len(base))
+        at_rung = [halving.mean_at_rung(ls) if None not in ls else None for ls in
+                   ([halving.loss_at_rung(folder(p, s), rung) for s in seeds] for p in base)] if rung else []
+        kept = halving.kept_points(base, names, at_rung) if rung and None not in at_rung else None
+        paused = [p for i, p in enumerate(base) if rung and (kept is None or i not in kept)]
+
+        def loss_at(point: dict, seed: int) -> float | None:
+            if point in paused:     # waiting for the rest to reach the rung (None), or stopped there
+                return None if kept is None else math.inf
+            return ended_loss(folder(point, seed))
+        t = tune_setting(setting, names, sweep["tune"], seeds, sweep.get("tune_extend", 2), loss_at,
                          lambda point, setting=setting: valid_point(sweep, {**setting, **point}))
+        if kept is not None:
+            t.rung, t.at_rung = rung, at_rung
+            t.halved = [p for i, p in enumerate(base) if i not in kept and at_rung[i] < math.inf]
         tunings.append(t)
         extra = tuning_extra(sweep, setting)
-        tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune", extra) for p in t.points for s in seeds]
+        tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune",
+                                 {**extra, "pause_at": rung} if p in paused else extra)
+                        for p in t.points for s in seeds]
         if t.chosen is not None:
             confirm_runs += [SweepRun(setting, seed, run_folder(out_dir, setting, seed, t.chosen), dict(t.chosen))
                              for seed in range(sweep["base_seed"], sweep["base_seed"] + sweep["seeds"])]

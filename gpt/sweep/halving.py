@@ -1,0 +1,67 @@
+"""Successive halving of tuning runs: where a setting's grid pauses, and which points train on from there.
+
+A setting's given grid trains to a rung, a quarter of max_iters (Jamieson and Talwalkar 2016; Li
+et al. 2018), and pauses. Once every point has reached it, the point best there (the leader), its
+neighbours one grid step away along each tuned option, and the best half train on to the end; the
+rest stop. Where the final loss falls and rises once along the grid, and the final best lies within
+two grid steps of the leader, the value chosen is then at most one grid step from the one the whole
+grid would choose.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from ..config import TrainConfig, build
+from .grid import evals_of, status_of
+
+RUNG_FRACTION = 4       # the rung: max_iters // this
+MIN_POINTS = 3          # fewer points keep every one (the leader and its neighbours, or the best half)
+
+
+def rung_for(sweep: dict, setting: dict, points: int) -> int:
+    """The iteration a setting's given grid of `points` pauses at: 0 where the sweep does not halve
+    (tune_halving off, or recorded before it), or where the grid is too small to stop any point."""
+    if not sweep.get("tune_halving") or points < MIN_POINTS:
+        return 0
+    return build(TrainConfig, {**sweep.get("values", {}), **setting}).max_iters // RUNG_FRACTION
+
+
+def loss_at_rung(folder: Path, rung: int) -> float | None:
+    """A tuning run's val loss at the rung: inf where it diverged or was pruned (at or before the
+    rung) or its loss there is not finite; None while it has not reached the rung."""
+    status = status_of(folder)
+    if status in ("diverged", "pruned"):
+        return math.inf
+    if status not in ("paused", "finished"):
+        return None
+    there = [e["val_loss"] for e in evals_of(folder) if e["iter"] == rung]
+    if not there:       # paused elsewhere: the sweep's rung moved (max_iters changed)
+        return None
+    return there[-1] if math.isfinite(there[-1]) else math.inf
+
+
+def mean_at_rung(losses: list[float]) -> float:
+    """A point's loss at the rung over its tuning seeds: a seed lost there makes it the worst, inf."""
+    return math.inf if any(v == math.inf for v in losses) else statistics.fmean(losses)
+
+
+def kept_points(points: list[dict], names: list[str], at_rung: list[float]) -> set[int]:
+    """The indices of the points that train on: the leader (the lowest loss at the rung, the first on
+    a tie), its neighbours one grid step away along each option, and the best half. Where no point
+    learned by the rung, every one trains on: the rung says nothing."""
+    order = sorted(range(len(points)), key=lambda i: (at_rung[i], i))
+    leader = points[order[0]]
+    if at_rung[order[0]] == math.inf:
+        return set(range(len(points)))
+    kept = set(order[:math.ceil(len(points) / 2)])
+    for name in names:
+        values = sorted({p[name] for p in points})
+        at = values.index(leader[name])
+        for j in (at - 1, at + 1):
+            neighbour = {**leader, name: values[j]} if 0 <= j < len(values) else None
+            if neighbour in points:
+                kept.add(points.index(neighbour))
+    return kept
