@@ -1,13 +1,14 @@
 """Successive halving of tuning runs: a run paused at a rung and resumed, the rung's choice of which
 grid points train on, and a halved study's choice and report."""
 
+import importlib.util
 import json
 import math
 
 import pytest
 
 import train
-from conftest import tiny_args, untimed_metrics
+from conftest import ROOT, tiny_args, untimed_metrics
 from gpt import checkpoint
 from gpt.sweep import halving, tune
 from gpt.sweep.grid import ended
@@ -125,7 +126,18 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
     def chosen(out):
         return [t.chosen for t in tune.plan(json.loads((out / "sweep.json").read_text()), out).tunings]
     assert chosen(tmp_path / "halved") == chosen(tmp_path / "whole") == [{"learning_rate": 1e-2}] * 2
+    # the check reads the whole study as halving would have: the same choice, and the steps it saves
+    spec = importlib.util.spec_from_file_location("halving_check", ROOT / "benchmarks" / "halving_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
     capsys.readouterr()
+    assert check.main([str(tmp_path / "whole")]) == 0
+    said = capsys.readouterr().out
+    assert "| whole | residual=true | learning_rate=0.01 | learning_rate=0.01 | 0 | learning_rate=0.0003, " \
+           "learning_rate=0.001 | 38% |" in said
+    assert "2 settings: the same value in 2" in said and "halving saves 48 of 128 tuning steps (38%)" in said
+    assert check.main([str(tmp_path / "halved")]) == 2
+    assert "is not a tuned sweep trained without halving" in capsys.readouterr().err
     assert study(tmp_path / "halved", "--tune_halving=true")[0] == 0       # nothing left to train
     assert "sweep: 10 runs (8 tuning, 2 at each setting's chosen value) (10 already finished)" in capsys.readouterr().out
     assert study(tmp_path / "halved")[0] == 2
