@@ -115,7 +115,7 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
     code, halved = study(tmp_path / "halved", "--tune_halving=true")
     assert code == 0
     stopped = {name for name, (it, _) in halved.items() if it == 4}
-    # 4 points a setting: the leader, its neighbours and the best half go on, so 1 or 2 stop in each;
+    # 4 points a setting: the leader, its neighbours and the best half go on, so at most 2 stop in each;
     # after 16 steps the highest rate leads, and the two lowest stop
     assert {n.split("__")[1] for n in stopped} == {"learning_rate=0.0003", "learning_rate=0.001"}
     assert len(stopped) == 4 and all(halved[n] == whole[n] for n in halved if n not in stopped)
@@ -142,3 +142,27 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
     assert "sweep: 10 runs (8 tuning, 2 at each setting's chosen value) (10 already finished)" in capsys.readouterr().out
     assert study(tmp_path / "halved")[0] == 2
     assert "was tuned with tune_halving=true; give --tune_halving=true to continue it" in capsys.readouterr().err
+
+
+def test_a_kept_point_that_diverges_after_the_rung_changes_nothing_that_was_decided(tmp_path):
+    sweep = {"axes": {"n_head": [4]}, "seeds": 1, "base_seed": 1337, "command": "x", "tune_seeds": 1,
+             "tune_seed": -1, "tune_extend": 0, "tune_halving": True, "values": {"max_iters": 400},
+             "tune": {"learning_rate": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]}}
+    runs = {r.tuned["learning_rate"]: r for r in tune.plan(sweep, tmp_path).tuning_runs}
+    for lr, loss in zip(runs, (2.8, 2.5, 2.0, 2.3, 2.6, 2.9)):     # 1e-3 leads; 3e-4, 3e-3 its neighbours
+        paused_at(runs[lr].folder, 100, loss)
+    kept = {r.tuned["learning_rate"] for r in tune.plan(sweep, tmp_path).tuning_runs if "pause_at" not in r.extra}
+    assert kept == {3e-4, 1e-3, 3e-3}
+    # the leader diverges later; the others finish, 3e-4 best: the kept set and the choice stand
+    (runs[1e-3].folder / "result.json").write_text(json.dumps({"status": "diverged", "returncode": 3}))
+    for lr, loss in ((3e-4, 1.8), (3e-3, 1.9)):
+        (runs[lr].folder / "metrics.jsonl").open("a").write(json.dumps({"kind": "eval", "iter": 400,
+                                                                         "val_loss": loss}) + "\n")
+        (runs[lr].folder / "result.json").write_text(json.dumps({"status": "finished", "returncode": 0}))
+    [t] = tune.plan(sweep, tmp_path).tunings
+    assert t.chosen == {"learning_rate": 3e-4} and [p["learning_rate"] for p in t.halved] == [1e-4, 1e-2, 3e-2]
+    # and should every kept point be lost, the stopped ones train on
+    for lr in (3e-4, 3e-3):
+        (runs[lr].folder / "result.json").write_text(json.dumps({"status": "diverged", "returncode": 3}))
+    again = tune.plan(sweep, tmp_path)
+    assert all("pause_at" not in r.extra for r in again.tuning_runs) and again.tunings[0].chosen is None

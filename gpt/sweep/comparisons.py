@@ -203,10 +203,11 @@ def halving_text(tunings: list[Tuning]) -> str:
         return ""
     lines = []
     for t in halved:
-        best = min(t.at_rung)
         stopped = ", ".join(f"{point_label(p)} ({t.at_rung[t.base.index(p)]:.3f})" for p in t.halved) or "none"
-        lines.append(f"- {setting_label(t.setting)}: stopped {stopped}; the best there "
-                     f"{point_label(t.base[t.at_rung.index(best)])} ({best:.3f})")
+        finite = [(v, i) for i, v in enumerate(t.at_rung) if math.isfinite(v)]
+        best = (f"the best there {point_label(t.base[min(finite)[1]])} ({min(finite)[0]:.3f})" if finite
+                else "no point had learned there")
+        lines.append(f"- {setting_label(t.setting)}: stopped {stopped}; {best}")
     return ("\n\nSuccessive halving (tune_halving): each setting's given grid trained to step "
             f"{', '.join(sorted({str(t.rung) for t in halved}))} and paused; the point best there, its neighbours "
             "one grid step away and the best half trained on, and the rest stopped (val loss at that "

@@ -30,22 +30,35 @@ def rung_for(sweep: dict, setting: dict, points: int) -> int:
 
 
 def loss_at_rung(folder: Path, rung: int) -> float | None:
-    """A tuning run's val loss at the rung: inf where it diverged or was pruned (at or before the
-    rung) or its loss there is not finite; None while it has not reached the rung."""
-    status = status_of(folder)
-    if status in ("diverged", "pruned"):
-        return math.inf
-    if status not in ("paused", "finished"):
-        return None
+    """A tuning run's val loss at the rung, however it ended after it: inf where its loss there was
+    not finite, or it diverged or was pruned before it; nan where it finished without evaluating
+    there (a grid that grew to halving's size); None while it has not reached the rung."""
     there = [e["val_loss"] for e in evals_of(folder) if e["iter"] == rung]
-    if not there:       # paused elsewhere: the sweep's rung moved (max_iters changed)
+    if there:
+        return there[-1] if math.isfinite(there[-1]) else math.inf
+    status = status_of(folder)
+    return math.inf if status in ("diverged", "pruned") else math.nan if status == "finished" else None
+
+
+def mean_at_rung(losses: list[float | None]) -> float | None:
+    """A point's loss at the rung over its tuning seeds (None while a seed has not reached it): a seed
+    lost there makes it the worst, inf."""
+    if None in losses:
         return None
-    return there[-1] if math.isfinite(there[-1]) else math.inf
-
-
-def mean_at_rung(losses: list[float]) -> float:
-    """A point's loss at the rung over its tuning seeds: a seed lost there makes it the worst, inf."""
     return math.inf if any(v == math.inf for v in losses) else statistics.fmean(losses)
+
+
+def kept_at_rung(points: list[dict], names: list[str], at_rung: list[float | None], lost) -> set[int] | None:
+    """The indices of the points that train past the rung; None while one has not reached it. Every
+    point trains on where one finished without evaluating at the rung (nothing to compare), and
+    where every kept point ended lost(i) (diverged or pruned past the rung): the stopped ones are
+    then the setting's only chance."""
+    if any(v is not None and math.isnan(v) for v in at_rung):
+        return set(range(len(points)))
+    if None in at_rung:
+        return None
+    kept = kept_points(points, names, at_rung)
+    return set(range(len(points))) if all(lost(i) for i in kept) else kept
 
 
 def kept_points(points: list[dict], names: list[str], at_rung: list[float]) -> set[int]:

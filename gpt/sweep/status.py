@@ -53,7 +53,8 @@ def standing(out_dir: Path) -> tuple[dict[str, list[str]], list]:
         path = r.folder / "result.json"
         status = read_json(path).get("status") if path.exists() else None
         job = found.get(r.name)
-        key = ("done" if ended(r, status) else "failed" if status not in (None, "paused") else job if job in ("running", "queued")
+        key = ("done" if ended(r, status) else "failed" if status not in (None, "paused")
+               else job if job in ("running", "queued")
                else "running" if held(r.folder) else "queued" if at_work and not job
                else "stopped" if (r.folder / "ckpt.pt").exists()
                else "not started" if job and not (r.folder / "log.txt").exists()

@@ -220,9 +220,10 @@ def plan(sweep: dict, out_dir: Path) -> Plan:
         names = tuned_names(sweep, setting)
         base = grid_points(names, sweep["tune"]) if names else []
         rung = halving.rung_for(sweep, setting, len(base))
-        at_rung = [halving.mean_at_rung(ls) if None not in ls else None for ls in
-                   ([halving.loss_at_rung(folder(p, s), rung) for s in seeds] for p in base)] if rung else []
-        kept = halving.kept_points(base, names, at_rung) if rung and None not in at_rung else None
+        at_rung = [halving.mean_at_rung([halving.loss_at_rung(folder(p, s), rung) for s in seeds])
+                   for p in base] if rung else []
+        kept = halving.kept_at_rung(base, names, at_rung, lambda i: all(
+            ended_loss(folder(base[i], s)) == math.inf for s in seeds)) if rung else None
         paused = [p for i, p in enumerate(base) if rung and (kept is None or i not in kept)]
 
         def loss_at(point: dict, seed: int) -> float | None:
@@ -233,7 +234,7 @@ def plan(sweep: dict, out_dir: Path) -> Plan:
                          lambda point, setting=setting: valid_point(sweep, {**setting, **point}))
         if kept is not None:
             t.rung, t.at_rung = rung, at_rung
-            t.halved = [p for i, p in enumerate(base) if i not in kept and at_rung[i] < math.inf]
+            t.halved = [p for i, p in enumerate(base) if i not in kept and at_rung[i] < math.inf]   # not lost
         tunings.append(t)
         extra = tuning_extra(sweep, setting)
         tuning_runs += [SweepRun(setting, s, folder(p, s), dict(p), "tune",

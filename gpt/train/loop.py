@@ -373,7 +373,9 @@ class Loop:
         run = self.run
         self.read_steps()
         if run.master:
-            if run.at.last_saved != it and it > run.at.start_iter:
+            # not after a non-finite evaluation (skip_nonfinite): ckpt.pt keeps the last good state
+            finite = math.isfinite(self.summary.get("val_loss", math.nan))
+            if run.at.last_saved != it and it > run.at.start_iter and finite:
                 self.save(it)
             run.metrics.log({"kind": "event", "iter": it, "event": "paused"})
             self.bar.write(f"paused at iteration {it} (pause_at); {how_to_continue(run.out_dir)}")
