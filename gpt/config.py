@@ -242,9 +242,10 @@ class SweepConfig:
                            "way, at most this many times per edge")
     tune_prune: bool = opt(False, "with --tune: stop tuning runs whose val loss stays above the unigram "
                            "level after warmup (stop_hopeless); they count as the worst loss")
-    tune_halving: bool = opt(False, "with --tune: successive halving; each setting's given grid trains to a "
+    tune_halving: bool = opt(True, "with --tune: successive halving; each setting's given grid trains to a "
                              "quarter of max_iters, where the best point there, its neighbours one grid "
-                             "step away and the best half train on and the rest stop (docs/sweeps.md)")
+                             "step away and the best half train on and the rest stop (docs/sweeps.md); "
+                             "false: every point to the end, for LR sensitivity")
     tune_evals: int = opt(4, "with --tune: evaluations a tuning run makes after its first, evenly spaced "
                           "and never more often than eval_interval, without diagnostics: the choice "
                           "reads its final val loss alone; 0: as the confirmation runs")

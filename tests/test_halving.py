@@ -110,9 +110,9 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
             rows = [json.loads(line) for line in metrics.read_text().splitlines()]
             finals[metrics.parent.name] = [(r["iter"], r["val_loss"]) for r in rows if r["kind"] == "eval"][-1]
         return code, finals
-    code, whole = study(tmp_path / "whole")
+    code, whole = study(tmp_path / "whole", "--tune_halving=false")
     assert code == 0
-    code, halved = study(tmp_path / "halved", "--tune_halving=true")
+    code, halved = study(tmp_path / "halved")       # halving is the default
     assert code == 0
     stopped = {name for name, (it, _) in halved.items() if it == 4}
     # 4 points a setting: the leader, its neighbours and the best half go on, so at most 2 stop in each;
@@ -138,10 +138,17 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
     assert "2 settings: the same value in 2" in said and "halving saves 48 of 128 tuning steps (38%)" in said
     assert check.main([str(tmp_path / "halved")]) == 2
     assert "is not a tuned sweep trained without halving" in capsys.readouterr().err
-    assert study(tmp_path / "halved", "--tune_halving=true")[0] == 0       # nothing left to train
+    assert study(tmp_path / "halved")[0] == 0       # nothing left to train
     assert "sweep: 10 runs (8 tuning, 2 at each setting's chosen value) (10 already finished)" in capsys.readouterr().out
-    assert study(tmp_path / "halved")[0] == 2
+    assert study(tmp_path / "halved", "--tune_halving=false")[0] == 2
     assert "was tuned with tune_halving=true; give --tune_halving=true to continue it" in capsys.readouterr().err
+    # a study recorded before halving existed goes on without it, training nothing again
+    record = json.loads((tmp_path / "whole" / "sweep.json").read_text())
+    del record["tune_halving"]
+    (tmp_path / "whole" / "sweep.json").write_text(json.dumps(record))
+    assert study(tmp_path / "whole")[0] == 0
+    assert "(10 already finished)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "whole" / "sweep.json").read_text())["tune_halving"] is False
 
 
 def test_a_kept_point_that_diverges_after_the_rung_changes_nothing_that_was_decided(tmp_path):

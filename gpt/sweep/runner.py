@@ -39,7 +39,7 @@ def run(args, argv: list[str], entry: Callable[[list[str]], int] | None = None) 
     pin_eval_batch(values, axes, args.tune, record)
     sweep = _sweep_record(values, sweep_cfg, base_seed, axes, grids, argv)
     _check_plan(values, sweep_cfg, sweep, axes, grids)
-    _check_halving(sweep, record, out_dir)
+    _check_halving(sweep, record, out_dir, "tune_halving" in values)
     runs, final = _stage(tune.plan(sweep, out_dir))
     run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
     _prepare_data_and_folder(run_cfgs, out_dir)
@@ -108,13 +108,21 @@ def _check_plan(values: dict, sweep_cfg: SweepConfig, sweep: dict, axes: dict, g
     count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in grids.values()) if grids else 0)
 
 
-def _check_halving(sweep: dict, record: dict | None, out_dir: Path) -> None:
-    """Refuse turning successive halving on or off in a sweep whose tuning has begun: its runs
-    trained past the rung, or stopped there, under the other plan."""
-    before = bool((record or {}).get("tune_halving"))
-    if "tune" in sweep and before != bool(sweep["tune_halving"]) and (out_dir / tune.TUNE_DIR).is_dir():
-        raise UserError(f"{out_dir} was tuned with tune_halving={str(before).lower()}; give "
-                        f"--tune_halving={str(before).lower()} to continue it, or another --out_dir")
+def _check_halving(sweep: dict, record: dict | None, out_dir: Path, given: bool) -> None:
+    """A sweep whose tuning has begun keeps the halving it began with (given: whether this start
+    names tune_halving): one recorded before halving existed goes on without it, and turning it on
+    or off in one is refused, since its runs trained past the rung, or stopped there, under the
+    other plan."""
+    if "tune" not in sweep or record is None or not (out_dir / tune.TUNE_DIR).is_dir():
+        return
+    before = record.get("tune_halving")
+    if before is None and not given:
+        sweep["tune_halving"] = False
+        return
+    if bool(before) != sweep["tune_halving"]:
+        was = str(bool(before)).lower()
+        raise UserError(f"{out_dir} was tuned with tune_halving={was}; give --tune_halving={was} to continue "
+                        "it, or another --out_dir")
 
 
 def _prepare_data_and_folder(run_cfgs, out_dir: Path) -> None:
