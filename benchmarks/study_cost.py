@@ -89,19 +89,22 @@ def run_study(argv: list[str], folder: Path) -> tuple[float, float]:
 
 
 def run_parts(folder: Path) -> dict:
-    """One run's seconds in each part, from its result.json and its metrics.jsonl's timing line,
-    with the first step (the train line at iteration 0) counted as start-up; and its end."""
+    """One run's seconds in each part, from its result.json and its metrics.jsonl's timing lines
+    (one per process: a run paused at halving's rung and resumed has two), with the first step (the
+    train line at iteration 0) counted as start-up; and its first start and its end."""
     result = read_json(folder / "result.json")
     rows = read_jsonl(folder / "metrics.jsonl")
     timing = [r for r in rows if r["kind"] == "timing"]
-    if len(timing) != 1 or not isinstance(result.get("started"), (int, float)) or not result.get("wall_s"):
-        raise UserError(f"{folder} holds no single timing line and start time; was it trained by this code?")
-    t, started, wall = timing[0], result["started"], result["wall_s"]
+    starts = result.get("starts") or [[result.get("started"), result.get("wall_s")]]
+    if len(timing) != len(starts) or not all(isinstance(s, (int, float)) and w for s, w in starts):
+        raise UserError(f"{folder} holds no timing line and start time for each of its processes; was it "
+                        "trained by this code?")
     first = next((r["ms"] / 1000 for r in rows if r["kind"] == "train" and r["iter"] == 0), 0.0)
-    return {"start_up": t["loop_start"] - started + first, "steps": t["steps_s"] - first,
-            "evaluations": t["evals_s"],
-            "run_ending": started + wall - t["loop_start"] - t["steps_s"] - t["evals_s"],
-            "_started": started, "_end": started + wall}
+    return {"start_up": sum(t["loop_start"] - s for t, (s, _) in zip(timing, starts)) + first,
+            "steps": sum(t["steps_s"] for t in timing) - first, "evaluations": sum(t["evals_s"] for t in timing),
+            "run_ending": sum(s + w - t["loop_start"] - t["steps_s"] - t["evals_s"]
+                              for t, (s, w) in zip(timing, starts)),
+            "_started": starts[0][0], "_end": starts[-1][0] + starts[-1][1]}
 
 
 def breakdown(out_dir: Path, start: float, end: float, jobs: int) -> dict:

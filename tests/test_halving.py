@@ -99,6 +99,13 @@ def test_the_plan_pauses_the_grid_at_the_rung_then_lets_the_kept_points_train_on
     assert ended(done.tuning_runs[0], "paused") and not ended(at_rung.tuning_runs[1], "paused")
 
 
+def benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.e2e
 def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data_dir, tmp_path, capsys):
     def study(out, *more):
@@ -121,15 +128,20 @@ def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data
     assert len(stopped) == 4 and all(halved[n] == whole[n] for n in halved if n not in stopped)
     for name in stopped:
         assert checkpoint.load(tmp_path / "halved" / "tune" / name / "ckpt.pt")["iter"] == 4
+    # a run paused and resumed keeps each process's start, and study_cost reads the two as one run
+    kept = next(n for n in halved if n not in stopped)
+    result = json.loads((tmp_path / "halved" / "tune" / kept / "result.json").read_text())
+    assert len(result["starts"]) == 2 and result["starts"][-1] == [result["started"], result["wall_s"]]
+    parts = benchmark("study_cost").run_parts(tmp_path / "halved" / "tune" / kept)
+    assert parts["_started"] == result["starts"][0][0] and parts["_end"] == pytest.approx(sum(result["starts"][1]))
+    assert all(parts[k] > 0 for k in ("start_up", "steps", "evaluations"))
     summary = (tmp_path / "halved" / "summary.md").read_text()
     assert "Successive halving (tune_halving): each setting's given grid trained to step 4 and paused" in summary
     def chosen(out):
         return [t.chosen for t in tune.plan(json.loads((out / "sweep.json").read_text()), out).tunings]
     assert chosen(tmp_path / "halved") == chosen(tmp_path / "whole") == [{"learning_rate": 1e-2}] * 2
     # the check reads the whole study as halving would have: the same choice, and the steps it saves
-    spec = importlib.util.spec_from_file_location("halving_check", ROOT / "benchmarks" / "halving_check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = benchmark("halving_check")
     capsys.readouterr()
     assert check.main([str(tmp_path / "whole")]) == 0
     said = capsys.readouterr().out

@@ -277,7 +277,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
             if more and news and not todo and len(running) < jobs:
                 news = False
                 try:
-                    current, to_train = more({r.folder for r, _, _ in running.values()})
+                    current, to_train = more({r.folder for r, *_ in running.values()})
                 except UserError:       # an extended grid point that is no valid config
                     _stop(running, done, len(runs), "a run the sweep would start next is not valid")
                     raise
@@ -293,6 +293,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                 r = todo.pop(0)
                 try:
                     r.folder.mkdir(parents=True, exist_ok=True)
+                    earlier = _paused_starts(r.folder)
                     (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
                     log = open(r.folder / "log.txt", "a")
                 except OSError as e:    # a full disk, a file put where the folder goes meanwhile
@@ -306,7 +307,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                 proc = (ForkedRun(forked, command[2:], log.name) if forked else
                         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                          start_new_session=True, env=env))
-                running[proc] = (r, time.time(), log)
+                running[proc] = (r, time.time(), log, earlier)
                 print(f"[{done}/{len(runs)} done] started {r.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
             time.sleep(0.2)
@@ -340,7 +341,7 @@ def _signal_named(signum: int) -> str:
 def _stop(running: dict, done: int, total: int, why: str) -> None:
     """Stop the runs under way, each with SIGTERM, after a line in its log.txt saying why: the
     run's own lines then name SIGTERM, whatever stopped the sweep."""
-    for proc, (_, _, log) in running.items():
+    for proc, (_, _, log, _) in running.items():
         if proc.poll() is None:
             with contextlib.suppress(OSError):      # a full disk: the run is stopped all the same
                 log.write(f"sweep: {why}; stopping this run with SIGTERM, which saves its checkpoint\n")
@@ -359,6 +360,16 @@ def _done(run: SweepRun) -> bool:
     return ended(run, status_of(run.folder))
 
 
+def _paused_starts(folder: Path) -> list[list[float]]:
+    """The [start time, wall seconds] of each earlier process of a run that paused (halving's
+    rung), from its result.json; none for another run."""
+    path = folder / "result.json"
+    result = read_json(path) if path.exists() else {}
+    if result.get("status") != "paused" or not isinstance(result.get("started"), (int, float)):
+        return []
+    return result.get("starts") or [[result["started"], result["wall_s"]]]
+
+
 def _planned(run: SweepRun) -> tuple:
     """What the plan asks of a run: its folder, and the rung it stops at (halving), if any."""
     return run.folder, run.extra.get("pause_at")
@@ -367,11 +378,13 @@ def _planned(run: SweepRun) -> tuple:
 def _record(entry, returncode: int, done: int, total: int, walls: list[float] | None = None, jobs: int = 1) -> None:
     """Write the run's result.json and print a line on it, with the sweep's time left, from the
     mean time of the runs ended so far, once there is one."""
-    run, started, log = entry
+    run, started, log, earlier = entry
     log.close()
     status = run_status(returncode)
     # started: when its process was started, to set against its own records of its loop
     result = {"status": status, "returncode": returncode, "wall_s": time.time() - started, "started": started}
+    if earlier:     # each start of a run paused at halving's rung, this one last
+        result["starts"] = [*earlier, [started, result["wall_s"]]]
     write_json(run.folder / "result.json", result)
     final = final_eval(run.folder)
     val = (f"val {loss_text(final['val_loss'], 'val_bpc' in final)} at iteration {final['iter']}" if final
