@@ -1,6 +1,6 @@
 """Muon's orthogonalisation by row blocks (muon_split): where each matrix is cut, and each block made orthogonal apart.
 
-With muon_split=fused, torch.optim.Muon orthogonalises each matrix whole, as it always did. With
+With muon_split=fused, each matrix is orthogonalised whole, as torch.optim.Muon does (gpt/speed/optim.py). With
 qkv or heads, SplitMuon takes the same momentum step but cuts the smoothed update of c_attn into
 its query, key and value rows (qkv), into each head's rows of them (heads), or into groups of
 muon_head_group heads' rows, queries, keys and values apart (groups; "Group Muon", 2026), and a gated
@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import torch
 
+from .speed.optim import Muon
 
 def row_blocks(model: torch.nn.Module, split: str, group: int = 1) -> dict[int, tuple[int, ...]]:
     """The row blocks `split` cuts the blocks' c_attn and (gated) c_fc weights into, by id of the
@@ -75,7 +76,7 @@ def orthogonalise(updates: list[torch.Tensor], rows: list[tuple[int, ...]], grou
     return steps
 
 
-class SplitMuon(torch.optim.Muon):
+class SplitMuon(Muon):
     """torch.optim.Muon's step (Nesterov momentum, decoupled weight decay) with each matrix's
     update orthogonalised by the row blocks `rows` gives it (by id; whole where absent)."""
 
@@ -89,8 +90,6 @@ class SplitMuon(torch.optim.Muon):
             params = [p for p in group["params"] if p.grad is not None]
             updates = []
             for p in params:
-                if "momentum_buffer" not in self.state[p]:      # as torch.optim.Muon, at the first step
-                    self.state[p]["momentum_buffer"] = torch.zeros_like(p)
                 buf = self.state[p]["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - group["momentum"])
                 updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)

@@ -4,8 +4,9 @@ Muon (Jordan et al. 2024, https://kellerjordan.github.io/posts/muon/) updates a 
 its momentum made orthogonal (every singular value near 1, by a few Newton-Schulz iterations), so
 each step moves the matrix by the same amount in every direction it has a gradient in. It is made
 for the 2-D weights of hidden layers; embeddings, the head, norm gains and biases stay with AdamW,
-the split nanochat and the modded-nanogpt speedrun use. torch.optim.Muon computes it, or, where
-muon_split cuts the matrices into blocks orthogonalised apart, gpt/muon.py's SplitMuon.
+the split nanochat and the modded-nanogpt speedrun use. gpt/speed/optim.py's Muon computes it as
+torch.optim.Muon does, or, where muon_split cuts the matrices into blocks orthogonalised apart,
+gpt/muon.py's SplitMuon.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .config import GPTConfig, TrainConfig
-from .speed.optim import AdamW
+from .speed.optim import AdamW, Muon
 from .errors import UserError
 from .muon import SplitMuon, row_blocks
 
@@ -117,11 +118,9 @@ class MuonAdamW:
         self.rows = {id(p): rows.get(id(p), (p.size(0),)) for p in matrices}
         if rows:
             self.muon = SplitMuon(matrices, rows, lr=cfg.muon_lr, nesterov=True, **self.hyper)
-        else:   # every matrix whole: torch's own step, as runs made before muon_split
-            self.muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+        else:   # every matrix whole: torch.optim.Muon's step, as runs made before muon_split
+            self.muon = Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
         self.ratio = cfg.muon_lr / cfg.learning_rate
-        for p in matrices:      # made now, not at the first step, so that a skipped step can restore them
-            self.muon.state[p]["momentum_buffer"] = torch.zeros_like(p)
         self.kept = [torch.empty_like(t) for t in self.muon_tensors()]
 
     @property

@@ -80,11 +80,10 @@ def test_each_block_of_the_split_is_orthogonal_at_its_own_shape_factor(split, kw
         assert torch.linalg.svdvals(q).median() < 0.2
 
 
-def test_fused_is_torch_muon_itself_with_adamw_beside_it():
+def test_fused_takes_torch_muons_steps_to_the_bit_with_adamw_beside_it():
     cfg = muon("fused", muon_lr=0.05, weight_decay=0.1, muon_weight_decay=0.1)
     model, twin = model_of(**GATED), model_of(**GATED)
     opt = make_optimizer(model, cfg)
-    assert type(opt.muon) is torch.optim.Muon
     # the twin built by hand as runs were before muon_split existed
     matrices = muon_params(twin)
     rest = [p for p in twin.parameters() if id(p) not in {id(m) for m in matrices}]
@@ -101,19 +100,27 @@ def test_fused_is_torch_muon_itself_with_adamw_beside_it():
         adamw.zero_grad()
         torch_muon.zero_grad()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    # torch's saved state loads here, and ours saves in torch's layout
+    reloaded = make_optimizer(model, cfg)
+    reloaded.load_state_dict({**opt.adamw.state_dict(), "muon": torch_muon.state_dict()})
+    assert all(torch.equal(reloaded.muon.state[p]["momentum_buffer"], torch_muon.state[q]["momentum_buffer"])
+               for p, q in zip(muon_params(model), matrices))
+    assert opt.muon.state_dict()["param_groups"][0].keys() == torch_muon.state_dict()["param_groups"][0].keys()
 
 
 def test_split_muon_with_every_matrix_whole_takes_torch_muons_step():
     model, twin = model_of(**PLAIN), model_of(**PLAIN)
     hyper = {"lr": 0.05, "nesterov": True, "momentum": 0.95, "weight_decay": 0.1}
     ours, theirs = SplitMuon(muon_params(model), {}, **hyper), torch.optim.Muon(muon_params(twin), **hyper)
+    start = [p.detach().clone() for p in muon_params(twin)]
     for s in [1, 2]:
         for m, opt in ((model, ours), (twin, theirs)):
             loss_of(m, s).backward()
             opt.step()
             opt.zero_grad()
-    for a, b in zip(muon_params(model), muon_params(twin)):
-        assert (a - b).norm() < 2e-3 * b.norm()       # bfloat16 products, summed in another order
+    for a, b, b0 in zip(muon_params(model), muon_params(twin), start):
+        # bfloat16 products, summed in another order: on AMD Zen 4 one matrix of eight moved 1% apart
+        assert (a - b).norm() < 0.03 * (b - b0).norm()
 
 
 def test_the_synthetic_example_queries_and_keys_get_their_share_only_when_split():

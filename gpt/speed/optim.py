@@ -1,4 +1,4 @@
-"""AdamW (Loshchilov & Hutter, 2019) on torch's fused kernel, without torch.optim's start-up; and clipping.
+"""AdamW (Loshchilov & Hutter, 2019) on torch's fused kernel and Muon, without torch.optim's start-up; and clipping.
 
 torch.optim.AdamW(fused=True) runs the same kernel to the same losses, but its step takes 1.2 to
 1.4 times as long on a CPU, and building it imports torch._dynamo, which a short run pays for in
@@ -6,17 +6,69 @@ start-up time and memory (docs/performance.md). The kernel is private, so pyproj
 torch below its next version and a test fails there. This class keeps what training needs: parameter groups with
 their own weight decay, a learning rate set before each step, and state_dict / load_state_dict
 in torch.optim's layout, so state saved from torch.optim.AdamW loads here. Hyperparameters are
-not read from saved state: the run's config is their one source.
+not read from saved state: the run's config is their one source. Muon below is torch.optim.Muon's
+step to the bit, for the same reason: building torch.optim.Muon imports torch._dynamo too.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from ..errors import UserError
 
+# torch.optim.Muon's defaults: the quintic iteration's coefficients, its steps, and the norm's floor
+NS_COEFFICIENTS, NS_STEPS, NS_EPS = (3.4445, -4.7750, 2.0315), 5, 1e-7
 
-class AdamW:
+
+class TorchLayout:
+    """An optimizer's param_groups and per-parameter state, zeroed and saved as torch.optim does."""
+    param_groups: list[dict]
+    state: dict
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def state_dict(self) -> dict:
+        index = {p: i for i, p in enumerate(self._params())}
+        groups, start = [], 0
+        for g in self.param_groups:
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": list(range(start, start + len(g["params"])))})
+            start += len(g["params"])
+        return {"state": {index[p]: dict(s) for p, s in self.state.items()}, "param_groups": groups}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Each parameter's state from saved, in torch.optim's layout; its hyperparameters are not read."""
+        params = self._params()
+        sizes = [len(g["params"]) for g in saved["param_groups"]]
+        if sizes != [len(g["params"]) for g in self.param_groups]:
+            raise UserError(f"the optimizer state has parameter groups of sizes {sizes}, this model "
+                            f"{[len(g['params']) for g in self.param_groups]}; it belongs to another model")
+        for i, p in enumerate(params):
+            s = saved["state"].get(i)
+            if s is None:           # saved before this parameter ever had a gradient: it starts afresh
+                for value in self.state[p].values():
+                    value.zero_()
+                continue
+            for key, value in self.state[p].items():
+                got = torch.as_tensor(s[key], dtype=value.dtype)
+                if got.shape != value.shape:
+                    raise UserError(f"optimizer state {i} has shape {tuple(got.shape)} but the "
+                                    f"parameter has {tuple(p.shape)}; it belongs to another model")
+                value.copy_(got)
+
+
+class AdamW(TorchLayout):
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float = 1e-8):
         """groups: each its params and weight_decay, and where it trains at a multiple of the
         schedule's rate (μP's hidden matrices), that multiple as lr_scale."""
@@ -58,45 +110,48 @@ class AdamW:
             if found_inf is not None:   # a skipped update does not count as a step
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+
+
+class Muon(TorchLayout):
+    """torch.optim.Muon's step: Nesterov momentum, each matrix's update orthogonalised whole by the
+    quintic Newton-Schulz iteration in bfloat16 and scaled by sqrt(max(1, rows / cols)), decoupled
+    weight decay. The same operations in the same order, so the same bits."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, weight_decay: float,
+                 nesterov: bool = True):
+        params = list(params)
+        self.param_groups = [{"params": params, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
+                              "nesterov": nesterov, "ns_coefficients": NS_COEFFICIENTS, "eps": NS_EPS,
+                              "ns_steps": NS_STEPS, "adjust_lr_fn": None}]
+        self.state = {p: {"momentum_buffer": torch.zeros_like(p)} for p in params}
+
+    @torch.no_grad()
+    def step(self) -> None:
         for group in self.param_groups:
             for p in group["params"]:
-                if set_to_none:
-                    p.grad = None
-                elif p.grad is not None:
-                    p.grad.zero_()
+                if p.grad is None:
+                    continue
+                buf = self.state[p]["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                update = orthogonal_whole(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
-    def _params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
 
-    def state_dict(self) -> dict:
-        index = {p: i for i, p in enumerate(self._params())}
-        groups, start = [], 0
-        for g in self.param_groups:
-            groups.append({**{k: v for k, v in g.items() if k != "params"},
-                           "params": list(range(start, start + len(g["params"])))})
-            start += len(g["params"])
-        return {"state": {index[p]: dict(s) for p, s in self.state.items()}, "param_groups": groups}
-
-    def load_state_dict(self, saved: dict) -> None:
-        params = self._params()
-        sizes = [len(g["params"]) for g in saved["param_groups"]]
-        if sizes != [len(g["params"]) for g in self.param_groups]:
-            raise UserError(f"the optimizer state has parameter groups of sizes {sizes}, this model "
-                            f"{[len(g['params']) for g in self.param_groups]}; it belongs to another model")
-        for i, p in enumerate(params):
-            s = saved["state"].get(i)
-            if s is None:           # saved before this parameter ever had a gradient: it starts afresh
-                for value in self.state[p].values():
-                    value.zero_()
-                continue
-            if s["exp_avg"].shape != p.shape:
-                raise UserError(f"optimizer state {i} has shape {tuple(s['exp_avg'].shape)} but the "
-                                f"parameter has {tuple(p.shape)}; it belongs to another model")
-            mine = self.state[p]
-            mine["step"].copy_(torch.as_tensor(s["step"], dtype=torch.float32))
-            mine["exp_avg"].copy_(s["exp_avg"])
-            mine["exp_avg_sq"].copy_(s["exp_avg_sq"])
+def orthogonal_whole(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                     eps: float) -> torch.Tensor:
+    """The matrix g's orthogonal factor, nearly, by torch.optim.Muon's iteration in its own order."""
+    a, b, c = coefficients
+    x = g.bfloat16()
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))     # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
 
 
 def scale_of(group: dict) -> dict:
