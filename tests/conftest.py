@@ -1,3 +1,4 @@
+import importlib.util
 import itertools
 import json
 import random
@@ -189,3 +190,10 @@ def gpt2_bpe_or_skip():
         pytest.skip("GPT-2 BPE files are not at hand: set TIKTOKEN_CACHE_DIR to a folder holding "
                     "vocab.bpe and encoder.json")
 
+
+def benchmark(name: str):
+    """benchmarks/NAME.py, loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

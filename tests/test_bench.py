@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from conftest import tiny_args
+from conftest import tiny_args, benchmark
 from gpt import bench
 from gpt.config import GPTConfig
 from gpt.model import GPT
@@ -253,19 +253,9 @@ def test_the_thread_split_benchmark_wants_a_config_and_says_when_a_run_was_stopp
     assert module.main(["--config=shakespeare_char_cpu", "--rounds", "1"]) == 0      # the = form too
 
 
-def _benchmark(name: str):
-    """benchmarks/NAME.py, loaded as a module."""
-    import importlib.util
-    from conftest import ROOT
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.e2e
 def test_the_optimizer_benchmark_runs_both_arms_to_the_same_losses(data_dir, tmp_path, capsys):
-    module = _benchmark("optimizer")
+    module = benchmark("optimizer")
     args = [a for a in tiny_args(data_dir, tmp_path / "unused") if a[2:].partition("=")[0] not in module.SET_HERE]
     assert module.main(["--rounds", "1", "--config", "shakespeare_char_cpu", *args,
                                           "--max_iters=22", "--eval_interval=22"]) == 0
@@ -282,7 +272,7 @@ def test_the_optimizer_benchmark_runs_both_arms_to_the_same_losses(data_dir, tmp
 
 
 def test_the_optimizer_benchmark_times_the_step_alone(capsys):
-    assert _benchmark("optimizer").main(["--config", "sweeps/tuned/optimizer", "--step_only"]) == 0
+    assert benchmark("optimizer").main(["--config", "sweeps/tuned/optimizer", "--step_only"]) == 0
     line = re.fullmatch(r"sweeps/tuned/optimizer: 308,288 parameters, 1 thread\(s\): a step of ours ([\d.]+) ms, "
                         r"of torch.optim.AdamW\(fused=True\) ([\d.]+) ms; torch / ours ([\d.]+) \(median of the "
                         r"rounds' ratios\)", capsys.readouterr().out.strip())
@@ -300,7 +290,7 @@ def test_the_optimizer_benchmark_times_the_step_alone(capsys):
 ])
 def test_the_optimizer_benchmark_refuses_bad_input_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        _benchmark("optimizer").main(argv)
+        benchmark("optimizer").main(argv)
     err = capsys.readouterr().err
     assert stop.value.code in (1, 2) and err.startswith(message) and err.count("\n") == 1, err
 
@@ -309,7 +299,7 @@ def test_the_optimizer_benchmark_refuses_bad_input_in_one_line(argv, message, ca
 def test_the_checkout_comparison_times_a_checkout_against_itself(data_dir, tmp_path, capsys):
     from conftest import ROOT
     args = [a for a in tiny_args(data_dir, tmp_path / "unused") if not a.startswith("--out_dir=")]
-    assert _benchmark("compare_checkouts").main(["--other", str(ROOT), "--rounds", "1", "--config",
+    assert benchmark("compare_checkouts").main(["--other", str(ROOT), "--rounds", "1", "--config",
                                                  "shakespeare_char_cpu", *args, "--bench_iters=3",
                                                  "--bench_warmup=1"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -324,7 +314,7 @@ def test_the_checkout_comparison_times_a_checkout_against_itself(data_dir, tmp_p
 @pytest.mark.e2e
 def test_the_sampling_comparison_gives_a_checkout_against_itself_ratios_near_one(capsys):
     from conftest import ROOT
-    assert _benchmark("compare_sampling").main(["--other", str(ROOT), "--rounds", "1", "--tokens", "2"]) == 0
+    assert benchmark("compare_sampling").main(["--other", str(ROOT), "--rounds", "1", "--tokens", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     sampled = re.fullmatch(r"sampling: this ([\d.]+), other ([\d.]+) tokens/s; this is ([\d.]+)x as fast "
                            r"\(median of the rounds' paired ratios\)", out[1])
@@ -342,7 +332,7 @@ def test_the_checkout_comparisons_refuse_bad_input_in_one_line(script, argv, mes
     from conftest import ROOT
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit) as stop:
-        _benchmark(script).main(argv)
+        benchmark(script).main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and message in err and err.count("\n") == 1, err
 
@@ -369,7 +359,7 @@ def test_the_gpu_check_script_runs_through_on_a_cpu_when_made_small(data_dir, tm
 
 
 def test_the_muon_split_benchmark_times_every_split_against_fused(capsys):
-    module = _benchmark("muon_split")
+    module = benchmark("muon_split")
     assert module.main(["--rounds", "2", "--steps", "1", "--config", "shakespeare_char_cpu", "--n_layer=1",
                         "--n_embd=32", "--activation=swiglu", "--flush_denormal=false"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -392,7 +382,7 @@ def test_the_study_cost_benchmark_splits_a_tiny_study_s_wall_time(jobs, data_dir
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     path = tmp_path / "cost.json"
-    assert _benchmark("study_cost").main([*STUDY_COST_TINY, "--jobs", jobs, "--json", str(path),
+    assert benchmark("study_cost").main([*STUDY_COST_TINY, "--jobs", jobs, "--json", str(path),
                                           f"--data_dir={data_dir}", "--dataset=tiny"]) == 0
     r = json.loads(path.read_text())
     assert {"wall_s", "jobs", "runs", "slot_s", "seconds", "shares", "flops_per_s", "peak_flops_per_s",
@@ -421,7 +411,7 @@ def test_the_study_cost_benchmark_splits_a_tiny_study_s_wall_time(jobs, data_dir
 ])
 def test_the_study_cost_benchmark_refuses_bad_input_in_one_line(argv, message, capsys):
     try:
-        code = _benchmark("study_cost").main(argv)
+        code = benchmark("study_cost").main(argv)
     except SystemExit as stop:
         code = stop.code
     err = capsys.readouterr().err

@@ -1,14 +1,13 @@
 """Successive halving of tuning runs: a run paused at a rung and resumed, the rung's choice of which
 grid points train on, and a halved study's choice and report."""
 
-import importlib.util
 import json
 import math
 
 import pytest
 
 import train
-from conftest import ROOT, tiny_args, untimed_metrics
+from conftest import benchmark, tiny_args, untimed_metrics
 from gpt import checkpoint
 from gpt.sweep import halving, tune
 from gpt.sweep.grid import ended
@@ -97,13 +96,6 @@ def test_the_plan_pauses_the_grid_at_the_rung_then_lets_the_kept_points_train_on
     assert [r.tuned for r in done.confirm_runs] == [{"learning_rate": 3e-3}] * 2
     # the stopped point counts as ended, so the sweep trains nothing more of it
     assert ended(done.tuning_runs[0], "paused") and not ended(at_rung.tuning_runs[1], "paused")
-
-
-def benchmark(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.e2e
