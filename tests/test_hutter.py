@@ -185,8 +185,8 @@ def test_the_files_do_not_depend_on_the_pieces_the_zip_is_read_in(tmp_path, smal
 @pytest.mark.e2e
 def test_the_scale_benchmarks_synthetic_zip_prepares_as_the_real_one_would(tmp_path):
     """benchmarks/hutter_scale.py at a size a test can afford: its zip passes every check."""
-    from test_bench import _benchmark
-    module = _benchmark("hutter_scale")
+    from conftest import benchmark
+    module = benchmark("hutter_scale")
     module.write_zip(tmp_path / "t.zip", "text8", 5000)
     seconds, peak, imports = module.prepare_peak(tmp_path / "data", "text8", (tmp_path / "t.zip").as_uri(), 5000)
     assert peak >= imports > 0 and seconds > 0
