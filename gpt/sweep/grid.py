@@ -56,6 +56,16 @@ def status_of(folder: Path) -> str | None:
     return read_json(path).get("status") if path.exists() else None
 
 
+def paused_starts(folder: Path) -> list[list[float]]:
+    """The [start time, wall seconds] of each earlier process of a run that paused (halving's
+    rung), from its result.json; none for another run."""
+    path = folder / "result.json"
+    result = read_json(path) if path.exists() else {}
+    if result.get("status") != "paused" or not isinstance(result.get("started"), (int, float)):
+        return []
+    return result.get("starts") or [[result["started"], result["wall_s"]]]
+
+
 def as_text(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 

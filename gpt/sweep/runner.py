@@ -23,7 +23,8 @@ from ..train.outcome import DIVERGED_EXIT, PAUSED_EXIT, PRUNED_EXIT, loss_text, 
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
 from .grid import (SweepRun, axis_names, changed_settings, check_grid, count_runs, final_eval,
-                   ended, finished_by_checkpoint, read_json, run_threads, settings_of, status_of, train_argv)
+                   ended, finished_by_checkpoint, paused_starts, read_json, run_threads, settings_of, status_of,
+                   train_argv)
 from . import submit, tune
 from .forked import ForkedRun, forking
 from .report import report
@@ -293,7 +294,7 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                 r = todo.pop(0)
                 try:
                     r.folder.mkdir(parents=True, exist_ok=True)
-                    earlier = _paused_starts(r.folder)
+                    earlier = paused_starts(r.folder)
                     (r.folder / "result.json").unlink(missing_ok=True)     # a failed run, tried again
                     log = open(r.folder / "log.txt", "a")
                 except OSError as e:    # a full disk, a file put where the folder goes meanwhile
@@ -358,16 +359,6 @@ def _done(run: SweepRun) -> bool:
     """Finished, diverged, or paused where its plan stops it: a failed run (a crash, a bad grid
     point) is worth another try."""
     return ended(run, status_of(run.folder))
-
-
-def _paused_starts(folder: Path) -> list[list[float]]:
-    """The [start time, wall seconds] of each earlier process of a run that paused (halving's
-    rung), from its result.json; none for another run."""
-    path = folder / "result.json"
-    result = read_json(path) if path.exists() else {}
-    if result.get("status") != "paused" or not isinstance(result.get("started"), (int, float)):
-        return []
-    return result.get("starts") or [[result["started"], result["wall_s"]]]
 
 
 def _planned(run: SweepRun) -> tuple:
