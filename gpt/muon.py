@@ -19,6 +19,7 @@ import torch
 
 from .speed.optim import Muon
 
+
 def row_blocks(model: torch.nn.Module, split: str, group: int = 1) -> dict[int, tuple[int, ...]]:
     """The row blocks `split` cuts the blocks' c_attn and (gated) c_fc weights into, by id of the
     weight; a matrix left out stays whole. group: heads per block under split=groups."""

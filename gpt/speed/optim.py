@@ -111,7 +111,6 @@ class AdamW(TorchLayout):
                 torch._foreach_sub_(steps, [found_inf] * len(steps))
 
 
-
 class Muon(TorchLayout):
     """torch.optim.Muon's step: Nesterov momentum, each matrix's update orthogonalised whole by the
     quintic Newton-Schulz iteration in bfloat16 and scaled by sqrt(max(1, rows / cols)), decoupled

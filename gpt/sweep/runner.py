@@ -40,7 +40,7 @@ def run(args, argv: list[str], entry: Callable[[list[str]], int] | None = None) 
     pin_eval_batch(values, axes, args.tune, record)
     sweep = _sweep_record(values, sweep_cfg, base_seed, axes, grids, argv)
     _check_plan(values, sweep_cfg, sweep, axes, grids)
-    _check_halving(sweep, record, out_dir, "tune_halving" in values)
+    _settle_halving(sweep, record, out_dir, "tune_halving" in values)
     runs, final = _stage(tune.plan(sweep, out_dir))
     run_cfgs = _checked(values, sweep_cfg, runs, out_dir)
     _prepare_data_and_folder(run_cfgs, out_dir)
@@ -109,7 +109,7 @@ def _check_plan(values: dict, sweep_cfg: SweepConfig, sweep: dict, axes: dict, g
     count_runs(axes, sweep_cfg.seeds, sweep_cfg.tune_seeds * math.prod(len(v) for v in grids.values()) if grids else 0)
 
 
-def _check_halving(sweep: dict, record: dict | None, out_dir: Path, given: bool) -> None:
+def _settle_halving(sweep: dict, record: dict | None, out_dir: Path, given: bool) -> None:
     """A sweep whose tuning has begun keeps the halving it began with (given: whether this start
     names tune_halving): one recorded before halving existed goes on without it, and turning it on
     or off in one is refused, since its runs trained past the rung, or stopped there, under the

@@ -11,7 +11,7 @@ from .. import checkpoint
 from ..config import user_path
 from ..errors import UserError, say_error
 from . import submitted
-from .grid import ended, read_json
+from .grid import ended, status_of
 from .results import collect
 
 
@@ -50,8 +50,7 @@ def standing(out_dir: Path) -> tuple[dict[str, list[str]], list]:
     at_work = held(out_dir)
     groups = {key: [] for key in ("done", "running", "queued", *SOMETIMES, "failed", "not submitted")}
     for r in current.tuning_runs + current.confirm_runs:
-        path = r.folder / "result.json"
-        status = read_json(path).get("status") if path.exists() else None
+        status = status_of(r.folder)
         job = found.get(r.name)
         key = ("done" if ended(r, status) else "failed" if status not in (None, "paused")
                else job if job in ("running", "queued")

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import GPTConfig, TrainConfig, build, read_by_optimizer
 from ..errors import UserError
 from . import halving
-from .grid import DONE, SweepRun, evals_of, expand, final_eval, read_json, run_folder, settings_of, status_of
+from .grid import DONE, SweepRun, evals_of, expand, final_eval, run_folder, settings_of, status_of
 
 TUNE_DIR = "tune"       # the tuning runs' folders, apart from the confirmation runs
 SEED_OFFSET = 1000      # the first tuning seed by default: seed + this
@@ -164,8 +164,7 @@ def tune_setting(setting: dict, names: list[str], grids: dict[str, list], seeds:
 def ended_loss(folder: Path) -> float | None:
     """A tuning run's final val loss for the choice: inf where it diverged or was pruned, None where
     it has not ended (or failed, so the sweep tries it again)."""
-    path = folder / "result.json"
-    status = read_json(path).get("status") if path.exists() else None
+    status = status_of(folder)
     if status not in DONE:
         return None
     if status != "finished":
