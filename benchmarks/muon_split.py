@@ -49,7 +49,7 @@ def stepper(model_cfg: GPTConfig, cfg: TrainConfig, split: str):
     if split == "whole_batched":
         group = opt.muon.param_groups[0]
         return SplitMuon(group["params"], {}, lr=group["lr"], nesterov=True, momentum=group["momentum"],
-                         weight_decay=group["weight_decay"])
+                         weight_decay=group["weight_decay"], ns_dtype=opt.muon.ns_dtype)
     return opt.muon
 
 

@@ -44,11 +44,11 @@ def shape_factor(rows: int, cols: int) -> float:
 
 
 def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float) -> torch.Tensor:
+                  eps: float, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The orthogonal factor of each (rows <= cols) matrix in the batch g (n, rows, cols), nearly:
-    torch.optim.Muon's quintic iteration, in bfloat16, with batched products."""
+    torch.optim.Muon's quintic iteration, in dtype (torch's bfloat16), with batched products."""
     a, b, c = coefficients
-    x = g.bfloat16()
+    x = g.to(dtype)
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)      # spectral norm at most 1
     for _ in range(steps):
         gram = x @ x.mT
@@ -61,9 +61,10 @@ def wide(block: torch.Tensor) -> torch.Tensor:
     return block.mT if block.size(0) > block.size(1) else block
 
 
-def orthogonalise(updates: list[torch.Tensor], rows: list[tuple[int, ...]], group: dict) -> list[torch.Tensor]:
+def orthogonalise(updates: list[torch.Tensor], rows: list[tuple[int, ...]], group: dict,
+                  dtype: torch.dtype = torch.bfloat16) -> list[torch.Tensor]:
     """Each update cut into its row blocks, every block replaced by its orthogonal factor times its
-    own shape factor; the blocks of one shape, over all matrices, in one batched iteration."""
+    own shape factor; the blocks of one shape, over all matrices, in one batched iteration in dtype."""
     steps = [torch.empty_like(u) for u in updates]
     same_shape = defaultdict(list)
     for update, step, cuts in zip(updates, steps, rows):
@@ -71,7 +72,7 @@ def orthogonalise(updates: list[torch.Tensor], rows: list[tuple[int, ...]], grou
             same_shape[wide(block).shape].append((block, out))
     for pairs in same_shape.values():
         ortho = newton_schulz(torch.stack([wide(block) for block, _ in pairs]),
-                              group["ns_coefficients"], group["ns_steps"], group["eps"])
+                              group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
         for (block, out), o in zip(pairs, ortho):
             wide(out).copy_(o).mul_(shape_factor(*block.shape))
     return steps
@@ -95,7 +96,7 @@ class SplitMuon(Muon):
                 buf.lerp_(p.grad, 1 - group["momentum"])
                 updates.append(p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf)
             cuts = [self.rows.get(id(p), (p.size(0),)) for p in params]
-            for p, step in zip(params, orthogonalise(updates, cuts, group)):
+            for p, step in zip(params, orthogonalise(updates, cuts, group, self.ns_dtype)):
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(step, alpha=-group["lr"])
 

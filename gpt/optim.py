@@ -15,6 +15,7 @@ import torch
 
 from .config import GPTConfig, TrainConfig
 from .speed.optim import AdamW, Muon
+from .speed.precision import muon_dtype
 from .errors import UserError
 from .muon import SplitMuon, row_blocks
 
@@ -116,10 +117,12 @@ class MuonAdamW:
         self.adamw = adamw
         self.hyper = {"momentum": cfg.muon_momentum, "weight_decay": cfg.muon_weight_decay}
         self.rows = {id(p): rows.get(id(p), (p.size(0),)) for p in matrices}
+        ns_dtype = muon_dtype(cfg.muon_dtype, matrices[0].device)
         if rows:
-            self.muon = SplitMuon(matrices, rows, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+            self.muon = SplitMuon(matrices, rows, lr=cfg.muon_lr, nesterov=True, ns_dtype=ns_dtype,
+                                  **self.hyper)
         else:   # every matrix whole: torch.optim.Muon's step, as runs made before muon_split
-            self.muon = Muon(matrices, lr=cfg.muon_lr, nesterov=True, **self.hyper)
+            self.muon = Muon(matrices, lr=cfg.muon_lr, nesterov=True, ns_dtype=ns_dtype, **self.hyper)
         self.ratio = cfg.muon_lr / cfg.learning_rate
         self.kept = [torch.empty_like(t) for t in self.muon_tensors()]
 

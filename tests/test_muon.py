@@ -134,6 +134,58 @@ def test_a_muon_axis_without_muon_is_refused_in_one_line(data_dir, tmp_path, cap
     assert "the axis muon_lr: optimizer=adamw does not read it" in err and err.count("\n") == 1
 
 
+def test_auto_runs_the_iteration_in_bfloat16_only_where_the_device_computes_it(monkeypatch):
+    from gpt.speed import precision
+    cpu = torch.device("cpu")
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(precision, "cpu_computes_bfloat16", lambda: native)
+        assert precision.muon_dtype("auto", cpu) == expected
+        assert make_optimizer(model_of(), MUON).muon.ns_dtype == expected
+        split = make_optimizer(model_of(), TrainConfig(**{**vars(MUON), "muon_split": "qkv"}))
+        assert split.muon.ns_dtype == expected
+    for choice in ("bfloat16", "float32"):      # given, it is taken on any device
+        cfg = TrainConfig(**{**vars(MUON), "muon_dtype": choice})
+        assert make_optimizer(model_of(), cfg).muon.ns_dtype == getattr(torch, choice)
+
+
+@pytest.mark.parametrize("shape", [(48, 16), (16, 16), (16, 64)])
+def test_the_iteration_in_float32_is_the_float64_one_and_bfloat16_rounds_it(shape):
+    from gpt.muon import newton_schulz
+    from gpt.speed.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, orthogonal_whole
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    for iterate, x in ((orthogonal_whole, g), (newton_schulz, g.mT[None] if shape[0] > shape[1] else g[None])):
+        ref = iterate(x.double(), NS_COEFFICIENTS, NS_STEPS, NS_EPS, torch.float64)
+        apart = [(iterate(x, NS_COEFFICIENTS, NS_STEPS, NS_EPS, dtype).double() - ref).norm() / ref.norm()
+                 for dtype in (torch.float32, torch.bfloat16)]
+        assert apart[0] < 1e-5 < 1e-3 < apart[1] < 0.05
+
+
+@pytest.mark.parametrize("split", ["fused", "qkv"])
+def test_muon_dtype_sets_the_step_and_the_momentum_is_never_divided_in_place(split):
+    def first_step(dtype: str, nesterov: bool = True):
+        model = model_of()
+        opt = make_optimizer(model, TrainConfig(**{**vars(MUON), "muon_dtype": dtype, "muon_split": split}))
+        opt.muon.param_groups[0]["nesterov"] = nesterov
+        loss_of(model, 1).backward()
+        grads = [p.grad.clone() for p in opt.muon.param_groups[0]["params"]]
+        opt.set_lr(1e-2)
+        opt.step(found_inf=torch.tensor(0.0))
+        return model, opt, grads
+    a, b = first_step("bfloat16")[0], first_step("float32")[0]
+    assert not all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    # without Nesterov the iteration starts from the momentum itself: after one step it is still
+    # (1 - momentum) times the gradient, not that divided by its norm
+    _, opt, grads = first_step("float32", nesterov=False)
+    for p, grad in zip(opt.muon.param_groups[0]["params"], grads):
+        assert torch.allclose(opt.muon.state[p]["momentum_buffer"], 0.05 * grad, rtol=1e-5, atol=0)
+
+
+def test_a_bad_muon_dtype_is_one_line(data_dir, tmp_path, capsys):
+    assert train.main(tiny_args(data_dir, tmp_path / "run", "--optimizer=muon", "--muon_dtype=float16")) == 2
+    err = capsys.readouterr().err
+    assert "muon_dtype" in err and "float32" in err and err.count("\n") == 1
+
+
 # ---------------------------------------------------------------- whole runs
 
 RUN = ["--optimizer=muon", "--muon_lr=0.05", "--learning_rate=3e-3", "--max_iters=16", "--eval_interval=6",

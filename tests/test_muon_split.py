@@ -81,7 +81,8 @@ def test_each_block_of_the_split_is_orthogonal_at_its_own_shape_factor(split, kw
 
 
 def test_fused_takes_torch_muons_steps_to_the_bit_with_adamw_beside_it():
-    cfg = muon("fused", muon_lr=0.05, weight_decay=0.1, muon_weight_decay=0.1)
+    # torch's iteration is in bfloat16, which auto would not take on a CPU that only emulates it
+    cfg = muon("fused", muon_lr=0.05, weight_decay=0.1, muon_weight_decay=0.1, muon_dtype="bfloat16")
     model, twin = model_of(**GATED), model_of(**GATED)
     opt = make_optimizer(model, cfg)
     # the twin built by hand as runs were before muon_split existed

@@ -114,11 +114,13 @@ class AdamW(TorchLayout):
 class Muon(TorchLayout):
     """torch.optim.Muon's step: Nesterov momentum, each matrix's update orthogonalised whole by the
     quintic Newton-Schulz iteration in bfloat16 and scaled by sqrt(max(1, rows / cols)), decoupled
-    weight decay. The same operations in the same order, so the same bits."""
+    weight decay. The same operations in the same order, so the same bits; ns_dtype float32 runs
+    the iteration in float32 instead, for a CPU that only emulates bfloat16."""
 
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float, weight_decay: float,
-                 nesterov: bool = True):
+                 nesterov: bool = True, ns_dtype: torch.dtype = torch.bfloat16):
         params = list(params)
+        self.ns_dtype = ns_dtype
         self.param_groups = [{"params": params, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
                               "nesterov": nesterov, "ns_coefficients": NS_COEFFICIENTS, "eps": NS_EPS,
                               "ns_steps": NS_STEPS, "adjust_lr_fn": None}]
@@ -133,16 +135,18 @@ class Muon(TorchLayout):
                 buf = self.state[p]["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - group["momentum"])
                 update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                update = orthogonal_whole(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                update = orthogonal_whole(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                          self.ns_dtype)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * math.sqrt(max(1, p.size(0) / p.size(1))))
 
 
 def orthogonal_whole(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                     eps: float) -> torch.Tensor:
-    """The matrix g's orthogonal factor, nearly, by torch.optim.Muon's iteration in its own order."""
+                     eps: float, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The matrix g's orthogonal factor, nearly, by torch.optim.Muon's iteration in its own order,
+    in dtype."""
     a, b, c = coefficients
-    x = g.bfloat16()
+    x = g.to(dtype, copy=True)      # divided in place below: never the momentum itself
     tall = g.size(0) > g.size(1)
     if tall:
         x = x.T

@@ -75,6 +75,19 @@ def cpu_computes_bfloat16() -> bool:
         return False
 
 
+def muon_dtype(choice: str, device: torch.device) -> torch.dtype:
+    """The dtype of Muon's Newton-Schulz iteration for the muon_dtype option: auto takes bfloat16
+    where the device computes it (a GPU from Ampere on, Apple's, a CPU with bfloat16 dot products),
+    else float32, since emulated bfloat16 products take many times as long as float32 ones."""
+    if choice != "auto":
+        return getattr(torch, choice)
+    if device.type == "cuda":
+        native = torch.cuda.get_device_capability(device)[0] >= 8
+    else:
+        native = device.type == "mps" or (device.type == "cpu" and cpu_computes_bfloat16())
+    return torch.bfloat16 if native else torch.float32
+
+
 def lists_bfloat16(cpuinfo: str) -> bool:
     """Whether the flags of a /proc/cpuinfo text name bfloat16 dot products."""
     flags = {word for line in cpuinfo.splitlines() if line.startswith("flags") for word in line.split()}

@@ -246,6 +246,8 @@ def say_start(run: Run, dtype: torch.dtype) -> None:
     elif torch.device(run.device).type == "cpu":
         threads = torch.get_num_threads()
         how += f", {threads} thread{'s' * (threads != 1)}"
+    if run.cfg.optimizer == "muon":     # muon_dtype=auto: it depends on the machine
+        how += f", Muon's iteration in {str(run.optimizer.muon.ns_dtype).removeprefix('torch.')}"
     print(f"training {run.model_cfg.num_params():,} parameters on {run.device} ({how}): {steps} "
           f"step{'s' * (steps != 1)} of {tokens_per_step(run.model_cfg, run.cfg):,} tokens into {run.out_dir}",
           flush=True)
