@@ -183,21 +183,22 @@ def test_a_split_axis_without_muon_is_refused_in_one_line(data_dir, tmp_path, ca
 
 @pytest.mark.e2e
 def test_a_checkpoint_saved_before_muon_split_resumes_fused_to_the_same_bits(data_dir, tmp_path, capsys):
+    """And before muon_dtype: in bfloat16, as it ran, where auto would take float32 (a CPU without it)."""
     whole, old = tmp_path / "whole", tmp_path / "old"
-    assert train.main(tiny_args(data_dir, whole, *RUN)) == 0
-    assert train.main(tiny_args(data_dir, old, *RUN, "--max_iters=9")) == 0
-    # as an older version saved it: no muon_split in the checkpoint's config nor in config.json
+    assert train.main(tiny_args(data_dir, whole, *RUN, "--muon_dtype=bfloat16")) == 0
+    assert train.main(tiny_args(data_dir, old, *RUN, "--muon_dtype=bfloat16", "--max_iters=9")) == 0
+    # as an older version saved it: no muon_split nor muon_dtype in the checkpoint's config nor in config.json
     ckpt = checkpoint.load(old / "ckpt.pt", needs=checkpoint.RESUME_KEYS)
-    del ckpt["train_config"]["muon_split"]
+    del ckpt["train_config"]["muon_split"], ckpt["train_config"]["muon_dtype"]
     checkpoint.save({k: v for k, v in ckpt.items() if k not in ("format", "digests")}, old / "ckpt.pt")
     record = json.loads((old / "config.json").read_text())
-    del record["train"]["muon_split"]
+    del record["train"]["muon_split"], record["train"]["muon_dtype"]
     (old / "config.json").write_text(json.dumps(record))
     capsys.readouterr()
     assert train.main([f"--out_dir={old}", "--resume", "--max_iters=16"]) == 0
     assert metrics(whole, "train") == metrics(old, "train")
     a, b = checkpoint.load(whole / "ckpt.pt"), checkpoint.load(old / "ckpt.pt")
-    assert b["train_config"]["muon_split"] == "fused"
+    assert b["train_config"]["muon_split"] == "fused" and b["train_config"]["muon_dtype"] == "bfloat16"
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 

@@ -213,18 +213,18 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 
 
 # what may differ between a run's starts without changing what is compared: where and how fast it
-# runs (flush_denormal changes only values below float32's smallest normal, and thread_split the order
-# of sums, yet after many steps the losses drift within seed noise; runs older than these fields never
-# flushed or split); the folder is the run's own; stop_hopeless and pause_at only end a run early,
-# which its status records
-NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "resume",
-                "overwrite", "adopt_checkpoint", "wandb", "wandb_project", "wandb_run_name", "wandb_group", "wandb_job_type",
-                "wandb_tags", "stop_hopeless", "pause_at"}
+# runs (flush_denormal changes only values below float32's smallest normal, thread_split the order
+# of sums and muon_dtype the rounding of Muon's iteration, yet after many steps the losses drift within
+# seed noise; runs older than these fields never flushed or split, and iterated in bfloat16); the folder
+# is the run's own; stop_hopeless and pause_at only end a run early, which its status records
+NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "muon_dtype", "resume",
+                "overwrite", "adopt_checkpoint", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
+                "wandb_job_type", "wandb_tags", "stop_hopeless", "pause_at"}
 # a tuning run's evaluations (tune_evals) only set which rows it writes: sweeps from before it evaluated more
 TUNING_NOT_COMPARED = {"eval_interval", "diagnostics"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep
 # run again with another --jobs gives its new runs other threads)
-SPEED = ("flush_denormal", "threads", "thread_split")
+SPEED = ("flush_denormal", "threads", "thread_split", "muon_dtype")
 
 
 def changed_settings(run: SweepRun, model_cfg: GPTConfig, train_cfg: TrainConfig) -> list[str]:

@@ -74,6 +74,7 @@ def configs_for_run(values: dict) -> tuple[GPTConfig, TrainConfig]:
         if isinstance(base_train, dict):    # how that run was started is not how this one is
             base_train = {k: v for k, v in base_train.items() if k not in ("resume", "overwrite", "pause_at")}
             base_train.setdefault("thread_split", "ops")    # saved before the split: go on as it ran
+            base_train.setdefault("muon_dtype", "bfloat16")     # the same: Muon iterated in bfloat16
     return build(GPTConfig, values, base=base_model), build(TrainConfig, values, base=base_train)
 
 
