@@ -129,7 +129,7 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capabi
     asked = []
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: asked.append(device) or capability)
     assert autocast_dtype(TrainConfig(), "cuda:1") == dtype     # a T4 (7.5) only emulates bfloat16
-    assert asked == ["cuda:1"]                                  # the run's GPU, not the current one
+    assert asked == [torch.device("cuda:1")]                    # the run's GPU, not the current one
     assert autocast_dtype(TrainConfig(), "cpu") == torch.float32
     assert autocast_dtype(TrainConfig(dtype="bfloat16"), "cpu") == torch.bfloat16
     assert autocast_dtype(TrainConfig(dtype="fast"), "cuda:1") == dtype
@@ -138,9 +138,10 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capabi
 @pytest.mark.parametrize("native", [False, True])
 def test_fast_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, native):
     # emulated, bfloat16 made the fast config's steps 10-15x slower than float32
+    from gpt.speed import precision
     from gpt.train import runtime
     from gpt.config import TrainConfig
-    monkeypatch.setattr(runtime, "cpu_computes_bfloat16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_computes_bfloat16", lambda: native)
     assert runtime.autocast_dtype(TrainConfig(dtype="fast"), "cpu") == (torch.bfloat16 if native else torch.float32)
     assert runtime.autocast_dtype(TrainConfig(dtype="auto"), "cpu") == torch.float32
     assert runtime.autocast_dtype(TrainConfig(dtype="fast"), "mps") == torch.float32

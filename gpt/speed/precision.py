@@ -75,17 +75,20 @@ def cpu_computes_bfloat16() -> bool:
         return False
 
 
+def computes_bfloat16(device: torch.device) -> bool:
+    """Whether `device` has bfloat16 products in hardware: a CUDA GPU from Ampere on, Apple's GPU, a
+    CPU with bfloat16 dot products. Elsewhere they are emulated, many times slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    return device.type == "mps" or (device.type == "cpu" and cpu_computes_bfloat16())
+
+
 def muon_dtype(choice: str, device: torch.device) -> torch.dtype:
     """The dtype of Muon's Newton-Schulz iteration for the muon_dtype option: auto takes bfloat16
-    where the device computes it (a GPU from Ampere on, Apple's, a CPU with bfloat16 dot products),
-    else float32, since emulated bfloat16 products take many times as long as float32 ones."""
+    where the device computes it, else float32."""
     if choice != "auto":
         return getattr(torch, choice)
-    if device.type == "cuda":
-        native = torch.cuda.get_device_capability(device)[0] >= 8
-    else:
-        native = device.type == "mps" or (device.type == "cpu" and cpu_computes_bfloat16())
-    return torch.bfloat16 if native else torch.float32
+    return torch.bfloat16 if computes_bfloat16(device) else torch.float32
 
 
 def lists_bfloat16(cpuinfo: str) -> bool:

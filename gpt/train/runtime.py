@@ -8,7 +8,7 @@ import os
 import torch
 
 from ..config import GPTConfig, SampleConfig, TrainConfig
-from ..speed.precision import cpu_computes_bfloat16, torch_level
+from ..speed.precision import computes_bfloat16, torch_level
 from ..errors import UserError, first_line
 from ..memory import device_memory
 
@@ -103,11 +103,9 @@ def resolve_device(name: str) -> str:
 
 def autocast_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
     if cfg.dtype in ("auto", "fast"):
-        # bfloat16 where the GPU computes it (Ampere on); older ones only emulate it, slowly
-        if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8:
-            return torch.bfloat16
-        # a CPU without bfloat16 dot products only emulates them, many times slower than float32
-        if cfg.dtype == "fast" and torch.device(device).type == "cpu" and cpu_computes_bfloat16():
+        # auto: bfloat16 on a GPU that computes it; fast adds a CPU that does (emulated, it is slower)
+        place = torch.device(device)
+        if (place.type == "cuda" or cfg.dtype == "fast" and place.type == "cpu") and computes_bfloat16(place):
             return torch.bfloat16
         return torch.float32
     return getattr(torch, cfg.dtype)
