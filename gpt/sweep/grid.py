@@ -319,8 +319,6 @@ def final_eval(folder: Path) -> dict | None:
     return evals[-1] if evals else None
 
 
-
-
 def by_setting(rows: list[dict]) -> dict[str, list[dict]]:
     groups = {}
     for row in rows:

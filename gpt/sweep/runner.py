@@ -18,7 +18,6 @@ from ..config import (READ_BY_OPTIMIZERS, READ_BY_SCHEDULES, REPO_ROOT, SweepCon
 from ..console import Terminated
 from ..datasets import ensure_prepared
 from ..errors import UserError
-from ..progress import duration
 from ..train.outcome import DIVERGED_EXIT, PAUSED_EXIT, PRUNED_EXIT, loss_text, run_status
 from ..train.rundir import listed_in, run_record, write_json
 from ..train.signals import SWEEP_PID, catch_signals, raise_on_signal
@@ -26,6 +25,7 @@ from .grid import (SweepRun, axis_names, changed_settings, check_grid, count_run
                    ended, finished_by_checkpoint, paused_starts, read_json, run_threads, settings_of, status_of,
                    train_argv)
 from . import submit, tune
+from .eta import Clock
 from .forked import ForkedRun, forking
 from .report import report
 
@@ -141,7 +141,10 @@ def _run_here(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, 
     """Train the runs left as local processes; a tuned sweep's next runs start as the results come."""
     todo = _unfinished(runs, run_cfgs, [_done(r) for r in runs])
     more = _more_runs(values, sweep_cfg, sweep, out_dir, runs) if "tune" in sweep else None
-    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more, forked=forked)
+    confirm_runs = len(settings_of(sweep["axes"])) * sweep_cfg.seeds if "tune" in sweep else 0
+    clock = Clock(values, sweep_cfg.jobs, confirm_runs)
+    return _run_grid(values, sweep_cfg.jobs, runs, [r for r, _ in todo], out_dir, more=more, forked=forked,
+                     clock=clock)
 
 
 def _submit(values: dict, sweep_cfg: SweepConfig, sweep: dict, out_dir: Path, runs: list[SweepRun], run_cfgs,
@@ -257,18 +260,20 @@ def _unfinished(runs: list[SweepRun], run_cfgs, ended: list[bool]) -> list[tuple
 
 
 def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun], out_dir: Path,
-              more=None, forked: Callable[[list[str]], int] | None = None) -> int:
+              more=None, forked: Callable[[list[str]], int] | None = None, clock: Clock | None = None) -> int:
     """Run todo, jobs at a time, then write the report. more(), where given, is asked for runs to add
     (all, and those to train) whenever a run has ended and a place is free: a tuned sweep's next
     runs start as soon as the results that choose them are in. forked: the entry each run's process,
-    forked from a server that imported it once (gpt/sweep/forked.py), trains by; else a fresh python."""
+    forked from a server that imported it once (gpt/sweep/forked.py), trains by; else a fresh python.
+    clock: what gives the time left (a sweep of equal runs, by default)."""
     tuning = sum(r.stage == "tune" for r in runs)
     stage = f" ({tuning} tuning, {len(runs) - tuning} at each setting's chosen value)" if tuning else ""
     print(f"sweep: {len(runs)} run{'s' * (len(runs) != 1)}{stage} ({len(runs) - len(todo)} already finished), "
           f"{jobs} at a time, in {out_dir}")
     threads = run_threads(jobs)
     running: dict[subprocess.Popen | ForkedRun, tuple[SweepRun, float, object]] = {}
-    done, walls = len(runs) - len(todo), []          # walls: the seconds of the runs ended here
+    done = len(runs) - len(todo)
+    clock = clock or Clock(values, jobs)
     # SIGTERM, and SIGHUP from a closed terminal, stop the runs as Ctrl-C does
     previous = catch_signals(raise_on_signal)
     env = {**os.environ, SWEEP_PID: str(os.getpid())}      # so each run ends with the sweep
@@ -309,13 +314,15 @@ def _run_grid(values: dict, jobs: int, runs: list[SweepRun], todo: list[SweepRun
                         subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
                                          start_new_session=True, env=env))
                 running[proc] = (r, time.time(), log, earlier)
+                clock.start(r)
                 print(f"[{done}/{len(runs)} done] started {r.name} "
                       f"({len(running)} running, {len(todo)} waiting)", flush=True)
             time.sleep(0.2)
             for proc in [p for p in running if p.poll() is not None]:
                 done += 1
                 news = True
-                _record(running.pop(proc), proc.returncode, done, len(runs), walls, jobs)
+                entry = running.pop(proc)
+                _record(entry, proc.returncode, done, len(runs), clock.end(entry, runs, todo, running.values()))
     except KeyboardInterrupt as stop:
         signum = stop.signum if isinstance(stop, Terminated) else signal.SIGINT
         _stop(running, done, len(runs), f"stopped by {_signal_named(signum)}")
@@ -366,9 +373,9 @@ def _planned(run: SweepRun) -> tuple:
     return run.folder, run.extra.get("pause_at")
 
 
-def _record(entry, returncode: int, done: int, total: int, walls: list[float] | None = None, jobs: int = 1) -> None:
-    """Write the run's result.json and print a line on it, with the sweep's time left, from the
-    mean time of the runs ended so far, once there is one."""
+def _record(entry, returncode: int, done: int, total: int, left: str = "") -> None:
+    """Write the run's result.json and print a line on it, with the sweep's time left (", about
+    N left", or "")."""
     run, started, log, earlier = entry
     log.close()
     status = run_status(returncode)
@@ -381,11 +388,6 @@ def _record(entry, returncode: int, done: int, total: int, walls: list[float] | 
     val = (f"val {loss_text(final['val_loss'], 'val_bpc' in final)} at iteration {final['iter']}" if final
            else "no evaluation")
     where = f" (see {run.folder / 'log.txt'})" if status == "failed" else ""
-    left = ""
-    if walls is not None:
-        walls.append(result["wall_s"])
-        if done < total:
-            left = f", {duration(sum(walls) / len(walls) * math.ceil((total - done) / jobs))} left"
     print(f"[{done}/{total} done{left}] {run.name}: {status}, {val}, {result['wall_s']:.0f} s{where}",
           flush=True)
 
