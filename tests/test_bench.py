@@ -312,6 +312,7 @@ def test_the_checkout_comparison_times_a_checkout_against_itself(data_dir, tmp_p
     assert figures
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_the_sampling_comparison_gives_a_checkout_against_itself_ratios_near_one(capsys):
     from conftest import ROOT

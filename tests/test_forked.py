@@ -25,6 +25,7 @@ def test_auto_forks_on_linux_and_fresh_never_does():
         SweepConfig(run_start="spawn")
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_a_tuned_sweep_trains_the_same_losses_forked_as_in_fresh_processes(data_dir, tmp_path):
     sweep = ["--max_iters=6", "--eval_interval=3", "--sweep", "n_layer=1,2", "--seeds=2",

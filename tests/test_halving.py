@@ -98,6 +98,7 @@ def test_the_plan_pauses_the_grid_at_the_rung_then_lets_the_kept_points_train_on
     assert ended(done.tuning_runs[0], "paused") and not ended(at_rung.tuning_runs[1], "paused")
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_a_halved_study_trains_the_kept_points_to_the_losses_of_a_whole_one(data_dir, tmp_path, capsys):
     def study(out, *more):

@@ -136,6 +136,7 @@ def test_a_signal_in_the_first_evaluation_saves_nothing_and_in_the_last_is_too_l
     assert len(calls) == 4 * 20 and checkpoint.load(out / "ckpt.pt")["iter"] == 2
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_killed_at_random_moments_resumes_to_the_same_end(data_dir, tmp_path):
     run = ["--max_iters=200", "--eval_interval=10", "--dropout=0.1", "--seed=11"]

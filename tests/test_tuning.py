@@ -161,6 +161,7 @@ def test_a_config_files_tune_table_is_read_and_a_command_lines_tune_replaces_its
         parse_argv(["--config", str(config)])
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_a_tuned_sweep_resumes_half_tuned_and_trains_nothing_twice(data_dir, tmp_path, capsys):
     out = tmp_path / "sw"
@@ -338,6 +339,7 @@ def test_lr_png_names_each_linked_setting_by_what_differs_from_the_first():
     assert all(max(map(len, label.split("\n"))) <= 90 and "\n" in label for label in lr_labels(long, []))
 
 
+@pytest.mark.slow     # over 15 s on 2 AVX2 cores; .ci/run runs the slow tests too
 @pytest.mark.e2e
 def test_tuning_runs_evaluate_as_tune_evals_asks_and_train_the_same_losses(data_dir, tmp_path, capsys):
     def study(out, *more):
