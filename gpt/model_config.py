@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import numbers
 import types
@@ -72,9 +73,15 @@ def check_choices(obj, error: type[Exception] = ValueError) -> None:
 
 
 def field_type(cls, f) -> type:
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = type_hints(cls)[f.name]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if isinstance(hint, types.UnionType) else hint
+
+
+@functools.cache
+def type_hints(cls) -> dict:
+    """cls's annotations as types, read once: each reading evaluates every annotation's text."""
+    return typing.get_type_hints(cls)
 
 
 SPELLED = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
