@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 
-from ..config import TrainConfig
+from ..config import TrainConfig, build
 from ..progress import duration
 from .grid import SweepRun, final_eval, setting_of
 
 
 def stop_iter(values: dict, run: SweepRun) -> int:
     """The iteration the run trains to: the rung its plan pauses it at, else its max_iters."""
-    return run.extra.get("pause_at") or {**values, **setting_of(run)}.get("max_iters", TrainConfig.max_iters)
+    return run.extra.get("pause_at") or build(TrainConfig, {**values, **setting_of(run)}).max_iters
 
 
 def reached(run: SweepRun) -> int:
@@ -33,6 +33,7 @@ class Clock:
     def __init__(self, values: dict, jobs: int, confirm_runs: int = 0):
         self.values, self.jobs = values, jobs
         self.confirm_runs = confirm_runs        # the confirmation runs the whole plan will hold
+        self.max_iters = build(TrainConfig, values).max_iters      # of a confirmation run not yet planned
         self.seconds = self.iters = 0.0
         self.started: dict = {}                # a run's folder -> the iteration it started this time from
 
@@ -54,5 +55,5 @@ class Clock:
         iters += sum(max(0.0, stop_iter(self.values, r) - self.started.get(r.folder, 0) - (now - t) / per_iter)
                      for r, t, *_ in running)
         planned = sum(r.stage != "tune" for r in runs)
-        iters += max(0, self.confirm_runs - planned) * self.values.get("max_iters", TrainConfig.max_iters)
+        iters += max(0, self.confirm_runs - planned) * self.max_iters
         return f", {duration(iters * per_iter / self.jobs)} left" if iters >= 1 else ""
