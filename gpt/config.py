@@ -137,6 +137,9 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the global gradient norm to this; 0 disables")
     eval_interval: int = opt(250, "evaluate and checkpoint every this many steps")
     eval_iters: int = opt(200, "batches per split in each evaluation")
+    eval_train: bool = opt(True, "score the train split at every evaluation; false: at the last (max_iters) "
+                           "alone, which halves the others where only val is read. A sweep's runs take "
+                           "false unless given: its report and figures read val, and the final train loss")
     eval_batch_size: int = opt(0, "sequences per evaluation batch; 0 uses batch_size. The windows "
                                "scored depend on eval_iters, this and block_size alone: give it to "
                                "compare runs of different batch_size on the same text")

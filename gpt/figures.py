@@ -134,7 +134,8 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     for problem in log.problems():
         print(problem, file=sys.stderr)
     # lines without the losses (another program's) are left out; the values are taken as written
-    evals = [r for r in rows if r["kind"] == "eval" and {"train_loss", "val_loss"} <= r.keys()]
+    evals = [r for r in rows if r["kind"] == "eval" and "val_loss" in r]
+    scored = [e for e in evals if "train_loss" in e]    # eval_train=false scores it at the end alone
     steps = [r for r in rows if r["kind"] == "train" and {"loss", "lr"} <= r.keys()]
     if not evals:
         raise UserError(f"{path} has no evaluation yet")
@@ -143,7 +144,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
     ax = axes[0][0]
     if steps:
         ax.plot([r["iter"] for r in steps], [r["loss"] for r in steps], alpha=0.3, label="train (step)")
-    ax.plot([e["iter"] for e in evals], [e["train_loss"] for e in evals], "o-", label="train (eval)")
+    ax.plot([e["iter"] for e in scored], [e["train_loss"] for e in scored], "o-", label="train (eval)")
     ax.plot([e["iter"] for e in evals], [e["val_loss"] for e in evals], "o-", label="val")
     if "unigram_loss" in evals[-1]:
         ax.axhline(evals[-1]["unigram_loss"], color="gray", ls="--", label="unigram level")

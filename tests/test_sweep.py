@@ -61,6 +61,9 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
         assert float(r["best_val_loss"]) == pytest.approx(min(e["val_loss"] for e in evals if e["kind"] == "eval"))
         assert float(r["elapsed_s"]) == pytest.approx([e for e in evals if e["kind"] == "eval"][-1]["elapsed_s"])
         assert r["diverged"] == "False"
+        # eval_train=false by default: the train split at the last evaluation alone, which the csv reads
+        assert ["train_loss" in e for e in evals if e["kind"] == "eval"] == [False, False, True]
+        assert math.isfinite(float(r["final_train_loss"]))
         # its process's start, on the clock of its loop's timing line, which falls within its wall time
         result = json.loads((out / f"residual={r['residual']}__seed=1337" / "result.json").read_text())
         [timing] = [e for e in evals if e["kind"] == "timing"]
@@ -77,6 +80,13 @@ def test_a_tiny_sweep_reports_and_skips_finished_runs(data_dir, tmp_path, capsys
     assert (out / "residual=true__seed=1337" / "metrics.jsonl").stat().st_mtime_ns == stamp
     assert report.main(["report", str(out)]) == 0
     assert capsys.readouterr().out.endswith(wrote)     # and when the report is written again
+
+
+def test_a_sweeps_runs_score_the_train_split_at_the_end_unless_told(tmp_path):
+    run = grid.SweepRun({"residual": True}, 1337, tmp_path / "run")
+    values = {"out_dir": str(tmp_path), "max_iters": 6}
+    assert "--eval_train=false" in grid.train_argv(values, run, 1)
+    assert "--eval_train=true" in grid.train_argv({**values, "eval_train": True}, run, 1)
 
 
 @pytest.mark.e2e

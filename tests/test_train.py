@@ -15,7 +15,7 @@ import torch
 import sample
 import train
 from conftest import ROOT, tiny_args
-from gpt import checkpoint, integrity
+from gpt import checkpoint, figures, integrity
 from gpt.config import GPTConfig, TrainConfig
 from gpt.config_files import shown
 from gpt.errors import UserError
@@ -678,6 +678,32 @@ def test_the_evaluations_left_count_the_end_and_skip_one_already_made():
     assert evaluations_left(every(250, 2000), 0, -1) == 9          # 0, 250, ..., 2000
     assert evaluations_left(every(20, 30), 0, -1) == 3             # 0, 20 and the end
     assert evaluations_left(every(250, 2000), 250, 250) == 7       # a resume: 250 was made before it stopped
+
+
+def test_an_estimate_without_the_train_split_counts_it_at_the_last_evaluation_alone():
+    from gpt.train.estimate import run_seconds
+    both, val = TrainConfig(eval_iters=10, diagnostics=False), TrainConfig(eval_iters=10, diagnostics=False,
+                                                                           eval_train=False)
+    assert run_seconds(both, 100, 5, 1.0, 0.1) == 100 + 2 * 5 * 10 * 0.1
+    assert run_seconds(val, 100, 5, 1.0, 0.1) == pytest.approx(100 + (5 + 1) * 10 * 0.1)
+    assert run_seconds(val, 100, 0, 1.0, 0.1) == 100
+
+
+def test_eval_train_false_scores_the_train_split_at_the_last_evaluation_alone_and_trains_alike(data_dir, tmp_path,
+                                                                                               capsys):
+    args = ["--max_iters=6", "--eval_interval=2", "--seed=5"]
+    assert train.main(tiny_args(data_dir, tmp_path / "both", *args)) == 0
+    assert train.main(tiny_args(data_dir, tmp_path / "val", *args, "--eval_train=false")) == 0
+    both, val = read_metrics(tmp_path / "both", "eval"), read_metrics(tmp_path / "val", "eval")
+    assert [r["iter"] for r in val] == [0, 2, 4, 6]
+    assert ["train_loss" in r for r in val] == [False, False, False, True]
+    assert [r["val_loss"] for r in val] == [r["val_loss"] for r in both]    # the val windows alike
+    assert val[-1]["train_loss"] == both[-1]["train_loss"]
+    losses = lambda name: [r["loss"] for r in read_metrics(tmp_path / name, "train")]
+    assert len(losses("val")) == 6 and losses("val") == losses("both")
+    said = capsys.readouterr().out
+    assert "iter 2: val " in said and "iter 6: train " in said
+    assert figures.run_figure(tmp_path / "val", tmp_path / "val.png").stat().st_size > 0    # val alone at 0, 2, 4
 
 
 @pytest.mark.e2e

@@ -144,6 +144,7 @@ def train_argv(values: dict, run: SweepRun, threads: int) -> list[str]:
     args = {k: v for k, v in values.items() if k not in SweepConfig.__dataclass_fields__}
     args.update(setting_of(run), seed=run.seed, out_dir=str(run.folder))
     args.setdefault("threads", threads)
+    args.setdefault("eval_train", False)    # the report reads val and the final train loss alone
     if values.get("wandb"):     # the sweep as one experiment in wandb, each setting its job type
         args.setdefault("wandb_group", Path(values["out_dir"]).name)
         args["wandb_job_type"] = setting_label(run.setting)
@@ -216,10 +217,11 @@ def check_grid(values: dict, runs: list[SweepRun], threads: int) -> list[tuple[G
 # runs (flush_denormal changes only values below float32's smallest normal, thread_split the order
 # of sums and muon_dtype the rounding of Muon's iteration, yet after many steps the losses drift within
 # seed noise; runs older than these fields never flushed or split, and iterated in bfloat16); the folder
-# is the run's own; stop_hopeless and pause_at only end a run early, which its status records
+# is the run's own; stop_hopeless and pause_at only end a run early, which its status records, and
+# eval_train only sets which losses an evaluation writes
 NOT_COMPARED = {"out_dir", "vocab_size", "threads", "flush_denormal", "thread_split", "muon_dtype", "resume",
                 "overwrite", "adopt_checkpoint", "wandb", "wandb_project", "wandb_run_name", "wandb_group",
-                "wandb_job_type", "wandb_tags", "stop_hopeless", "pause_at"}
+                "wandb_job_type", "wandb_tags", "stop_hopeless", "pause_at", "eval_train"}
 # a tuning run's evaluations (tune_evals) only set which rows it writes: sweeps from before it evaluated more
 TUNING_NOT_COMPARED = {"eval_interval", "diagnostics"}
 # those of them that set a run's speed: tokens/s compares runs alike only where they agree (a sweep

@@ -28,10 +28,11 @@ def evaluations_left(cfg: TrainConfig, start_iter: int, last_eval: int) -> int:
 
 
 def run_seconds(cfg: TrainConfig, steps: int, evaluations: int, step: float, batch: float) -> float:
-    """A run's time from one step's and one evaluation batch's; an evaluation scores both splits,
-    and the diagnostics add about a step's work."""
-    evaluation = 2 * cfg.eval_iters * batch + (step if cfg.diagnostics else 0.0)
-    return steps * step + evaluations * evaluation
+    """A run's time from one step's and one evaluation batch's; an evaluation scores both splits
+    (val alone but at the end under eval_train=false), and the diagnostics add about a step's work."""
+    scored = 2 * evaluations if cfg.eval_train else evaluations + (evaluations > 0)    # splits scored
+    return (steps * step + scored * cfg.eval_iters * batch
+            + evaluations * (step if cfg.diagnostics else 0.0))
 
 
 def _seconds(work, device: str) -> float:

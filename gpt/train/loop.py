@@ -243,9 +243,10 @@ class Loop:
         # the compiled model where there is one (DDP's wrapper left out: no gradients to sync)
         scored = run.model.module if run.world > 1 else run.model
         mine = len(range(run.rank, cfg.eval_iters, run.world))     # each rank scores its share
-        with self.all_threads(), progress(2 * mine, f"evaluating at iteration {it}", "batches",
+        splits = ("train", "val") if cfg.eval_train or it == cfg.max_iters else ("val",)
+        with self.all_threads(), progress(len(splits) * mine, f"evaluating at iteration {it}", "batches",
                                           leave=False, disable=not run.master) as bar:
-            losses = mean_losses(scored, run.batches, ("train", "val"), cfg.eval_iters, run.eval_batch,
+            losses = mean_losses(scored, run.batches, splits, cfg.eval_iters, run.eval_batch,
                                  run.autocast, lambda: stoppable and self.stop.signal is not None, bar.update,
                                  run.rank, run.world)
         if losses is None:
@@ -260,13 +261,13 @@ class Loop:
                 row.update(measure_diagnostics(run.raw_model, x[0], y[0], run.optimizer))
         at.last_eval = it
         # the losses are all-reduced, so every rank takes the same branch here, as the next all-reduce needs
-        finite = math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+        finite = math.isfinite(row.get("train_loss", 0.0)) and math.isfinite(row["val_loss"])
         if run.master:
             run.metrics.log(row)
             speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet
             in_bpc = per_character(run.meta)
-            self.bar.write(f"iter {it}: train {loss_text(row['train_loss'], in_bpc)}, "
-                           f"val {loss_text(row['val_loss'], in_bpc)} "
+            train = f"train {loss_text(row['train_loss'], in_bpc)}, " if "train_loss" in row else ""
+            self.bar.write(f"iter {it}: {train}val {loss_text(row['val_loss'], in_bpc)} "
                            f"(unigram level {run.unigram:.2f}), lr {lr:.2e}{speed}")
             sys.stdout.flush()      # now, not at exit, when the output is piped (| tee)
         if not finite:      # weights gone bad: saving them would replace the last good ones
