@@ -24,6 +24,7 @@ from .stats import compare, finals, holm, matched, verdict, welch_p
 from .plots import plot, plot_diagnostics
 from .results import LEFT_OUT, collect
 from .status import main as follow
+from .trend import main as trend_main
 
 
 # settings whose 0 stands for another's value, as the run resolves it
@@ -328,13 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     usage = ("usage: python -m gpt.sweep report DIR [--x=steps|flops|seconds]\n"
              "       python -m gpt.sweep status DIR\n"
-             "       python -m gpt.sweep cancel DIR")
+             "       python -m gpt.sweep cancel DIR\n"
+             "       python -m gpt.sweep trend OUT.png DIR DIR [...]")
+    if argv[:1] == ["trend"]:
+        return trend_main(argv[1:])
     if {"-h", "--help"} & set(argv):
         print(f"{usage}\n\nreport writes DIR/sweep.csv, summary.md, curves.png and diagnostics.png (and a tuned "
               "sweep's tuning.csv and lr.png, a sized one's size.png) for the sweep in DIR;\n--x draws "
               "curves.png against steps (the default), model FLOPs or seconds of training.\nstatus shows a "
               "sweep's runs done, running, queued and failed (exit status 0 while some are queued or running);"
-              "\ncancel cancels its queued and running jobs.\n"
+              "\ncancel cancels its queued and running jobs;\ntrend draws each setting's final loss against its "
+              "parameters from the reports of one study run at several sizes.\n"
               "Sweeps run with: python train.py --config NAME --sweep name=v1,v2 ... [--tune name=v1,v2,...] "
               "[--launcher=slurm]")
         return 0

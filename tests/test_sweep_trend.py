@@ -1,0 +1,59 @@
+import pytest
+
+import train
+from conftest import tiny_args
+from gpt.sweep import report, trend
+
+
+@pytest.mark.e2e
+def test_a_trend_joins_one_study_run_at_two_sizes_setting_by_setting(data_dir, tmp_path, capsys):
+    for width in (16, 32):
+        argv = tiny_args(data_dir, tmp_path / f"w{width}", "--max_iters=4", "--eval_interval=4", f"--n_embd={width}",
+                         "--sweep", "residual=true,false", "--seeds=2", "--jobs=2")
+        assert train.main(argv) == 0
+    capsys.readouterr()
+    out = tmp_path / "trend.png"
+    assert report.main(["trend", str(out), str(tmp_path / "w16"), str(tmp_path / "w32" / "summary.md")]) == 0
+    printed = capsys.readouterr().out
+    points = trend.read_points(tmp_path / "w32")
+    assert set(points) == {"residual=true", "residual=false"}
+    params, mean, std = points["residual=true"]
+    assert params > trend.read_points(tmp_path / "w16")["residual=true"][0] and std >= 0
+    assert f"| residual=true | {params:,.0f} | {mean:.3f} ± {std:.3f} |" in printed
+    assert printed.count("| residual=false |") == 2 and printed.endswith(f"written: {out}\n")
+    assert out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["t.png", "missing", "missing2"], "missing: no such sweep report"),
+    (["t.txt", "a.md", "a.md"], "a picture's name must end in a format matplotlib writes"),
+    (["t.png", "other.md", "a.md"], "holds no table of 'final val loss (mean ± std)'"),
+    (["t.png", "a.md", "a.md"], "no setting appears at two sizes in these reports"),
+])
+def test_a_trend_of_bad_reports_is_refused_in_one_line(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "other.md").write_text("# notes\n\nno tables here\n")
+    (tmp_path / "a.md").write_text(
+        "| setting | runs | final val loss (mean ± std) |\n|---|---|---|\n| x=1 | 3 | 2.000 ± 0.010 |\n\n"
+        "| setting | parameters (without embeddings) | FLOPs per token |\n|---|---|---|\n| x=1 | 1,000 (900) | 1e6 |\n")
+    assert report.main(["trend", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "t.png").exists()
+
+
+def test_a_trend_wants_an_output_and_two_reports(capsys):
+    assert report.main(["trend", "t.png", "a.md"]) == 2
+    assert capsys.readouterr().err.startswith("usage: python -m gpt.sweep trend OUT.png")
+
+
+def test_the_documented_trends_draw_from_the_committed_reports(tmp_path, capsys):
+    from conftest import ROOT
+    lines = [line.split()[4:] for line in (ROOT / "docs" / "results.md").read_text().splitlines()
+             if line.startswith("python -m gpt.sweep trend ")]
+    assert len(lines) >= 10
+    for out, *reports in lines:
+        assert (ROOT / out).exists() and len(reports) >= 2
+        assert report.main(["trend", str(tmp_path / "t.png"), *(str(ROOT / r) for r in reports)]) == 0
+        table = capsys.readouterr().out
+        rows = [line for line in table.splitlines() if line.startswith("| ")]
+        assert len(rows) >= 1 + 2 * 2       # the heading, and two settings at two sizes at least
