@@ -52,7 +52,7 @@ def attention_figure(out_dir: Path, prompt: str, out: Path) -> Path:
     if not ids:
         raise UserError("--start is empty; give the prompt whose attention to draw")
     maps = model.attention_maps(torch.tensor([ids]))               # per layer (1, nh, T, T)
-    _save(attention_maps_figure(maps, [repr(tok.decode([i]))[1:-1] or " " for i in ids]), out)
+    save_figure(attention_maps_figure(maps, [repr(tok.decode([i]))[1:-1] or " " for i in ids]), out)
     return out
 
 
@@ -82,17 +82,19 @@ def attention_maps_figure(maps: list[torch.Tensor], labels: list[str]) -> Figure
     return fig
 
 
-def _check_picture_name(out: Path) -> None:
+def check_picture_name(out: Path, what: str = "--out") -> None:
+    """Refuse a picture's name matplotlib cannot write, or a folder for it that is a file."""
     from matplotlib.figure import Figure
     if out.suffix[1:].lower() not in Figure().canvas.get_supported_filetypes():
-        raise UserError(f"--out {out}: a picture's name must end in a format matplotlib writes, "
+        raise UserError(f"{what} {out}: a picture's name must end in a format matplotlib writes, "
                         "such as .png, .pdf or .svg")
     existing = next(p for p in out.absolute().parents if p.exists())
     if not existing.is_dir():
-        raise UserError(f"--out {out}: {existing} is a file, not a folder")
+        raise UserError(f"{what} {out}: {existing} is a file, not a folder")
 
 
-def _save(fig, out: Path) -> None:
+def save_figure(fig, out: Path) -> None:
+    """Write fig to out, its folders made, and close it; a disk's refusal as one line."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         if fig.get_layout_engine() is None:     # a constrained layout keeps its colour bar in place
@@ -178,7 +180,7 @@ def run_figure(run_dir: Path, out: Path) -> Path:
         ax.set_visible(False)
     axes[1][3].set_visible(False)
     fig.suptitle(str(run_dir))
-    _save(fig, out)
+    save_figure(fig, out)
     return out
 
 
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{folder} is a file, not a run folder; give {folder.parent}")
         out = Path(user_path(args.out, "--out") if args.out else
                    folder / ("attention.png" if args.command == "attention" else "dashboard.png"))
-        _check_picture_name(out)        # before loading or drawing anything
+        check_picture_name(out)        # before loading or drawing anything
         if args.command == "attention":
             path = attention_figure(folder, args.start, out)
         else:

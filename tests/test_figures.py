@@ -63,7 +63,7 @@ def test_the_dashboard_draws_the_learning_rate_to_the_last_evaluation(data_dir, 
     out = tmp_path / "run"
     assert train.main(tiny_args(data_dir, out, "--max_iters=6", "--eval_interval=3", "--log_interval=4")) == 0
     drawn = []
-    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig))
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: drawn.append(fig))
     figures.run_figure(out, out / "dashboard.png")
     lr_line = drawn[0].axes[1].lines[0]
     assert list(lr_line.get_xdata()) == [0, 3, 4, 6]       # train lines at 0 and 4, evals at 0, 3, 6

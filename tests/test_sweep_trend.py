@@ -26,7 +26,7 @@ def test_a_trend_joins_one_study_run_at_two_sizes_setting_by_setting(data_dir, t
 
 @pytest.mark.parametrize("args, message", [
     (["t.png", "missing", "missing2"], "missing: no such sweep report"),
-    (["t.txt", "a.md", "a.md"], "a picture's name must end in a format matplotlib writes"),
+    (["t.txt", "a.md", "a.md"], "OUT.png t.txt: a picture's name must end in a format matplotlib writes"),
     (["t.png", "other.md", "a.md"], "holds no table of 'final val loss (mean ± std)'"),
     (["t.png", "a.md", "a.md"], "no setting appears at two sizes in these reports"),
 ])

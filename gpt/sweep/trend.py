@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..config import user_path
 from ..errors import UserError, say_error
-from ..figures import _check_picture_name, _save, pyplot
+from ..figures import check_picture_name, pyplot, save_figure
 from .plots import _colours
 from .stats import crossing, power_law
 
@@ -61,7 +61,7 @@ def read_points(source: Path) -> dict[str, tuple[float, float, float]]:
 
 def trend(sources: list[Path], out: Path) -> list[str]:
     """Draw out from the reports; returns a markdown table of the points and the fits' crossings."""
-    _check_picture_name(out)
+    check_picture_name(out, "OUT.png")
     lines: dict[str, list[tuple[float, float, float]]] = {}
     for source in sources:
         for setting, point in read_points(source).items():
@@ -89,7 +89,7 @@ def trend(sources: list[Path], out: Path) -> list[str]:
     ax.grid(alpha=0.3, which="both")
     ax.set_title("\n".join(notes) or "one point per report", fontsize=8)
     ax.legend(fontsize=7)
-    _save(fig, out)
+    save_figure(fig, out)
     table = ["| setting | parameters | final val loss | power-law exponent |", "|---|---|---|---|"]
     for label, points in lines.items():
         exponent = f"{fits[label][1]:.3f}" if label in fits else "—"
