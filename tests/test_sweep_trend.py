@@ -46,6 +46,7 @@ def test_a_trend_wants_an_output_and_two_reports(capsys):
     assert capsys.readouterr().err.startswith("usage: python -m gpt.sweep trend OUT.png")
 
 
+@pytest.mark.e2e
 def test_the_documented_trends_draw_from_the_committed_reports(tmp_path, capsys):
     from conftest import ROOT
     lines = [line.split()[4:] for line in (ROOT / "docs" / "results.md").read_text().splitlines()
