@@ -58,3 +58,26 @@ def test_the_documented_trends_draw_from_the_committed_reports(tmp_path, capsys)
         table = capsys.readouterr().out
         rows = [line for line in table.splitlines() if line.startswith("| ")]
         assert len(rows) >= 1 + 2 * 2       # the heading, and two settings at two sizes at least
+
+
+def report_text(params: str, loss: str, extra_row: str = "") -> str:
+    return ("| setting | runs | final val loss (mean ± std) |\n|---|---|---|\n"
+            f"| x=1 | 1 | {loss} |\n{extra_row}\n\n"
+            "| setting | parameters (without embeddings) | FLOPs per token |\n|---|---|---|\n"
+            f"| x=1 | {params} | 1e6 |\n")
+
+
+def test_one_seed_reports_join_with_no_spread_and_odd_rows_are_named_not_guessed(tmp_path, capsys):
+    (tmp_path / "small.md").write_text(report_text("1,000 (900)", "2.500", "| x=2 | 1 | - ± 0.1 |\n| x=3 |"))
+    (tmp_path / "large.md").write_text(report_text("4,000 (3,600)", "2.250"))
+    out = tmp_path / "t.png"
+    assert report.main(["trend", str(out), str(tmp_path / "small.md"), str(tmp_path / "large.md")]) == 0
+    captured = capsys.readouterr()
+    assert "| x=1 | 1,000 | 2.500 ± 0.000 |" in captured.out and "| x=1 | 4,000 | 2.250 ± 0.000 |" in captured.out
+    assert "x=2 left out (loss '- ± 0.1'" in captured.err and "Traceback" not in captured.err
+    assert out.stat().st_size > 0
+
+
+def test_a_crossing_counts_as_measured_only_where_both_settings_were():
+    a, b = [(1e3, 2.0, 0), (1e4, 1.5, 0)], [(1e4, 1.6, 0), (1e5, 1.2, 0)]
+    assert trend.both_measured(a, b, 1e4) and not trend.both_measured(a, b, 3e4)

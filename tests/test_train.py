@@ -681,12 +681,14 @@ def test_the_evaluations_left_count_the_end_and_skip_one_already_made():
 
 
 def test_an_estimate_without_the_train_split_counts_it_at_the_last_evaluation_alone():
-    from gpt.train.estimate import run_seconds
+    from gpt.train.estimate import evaluation_seconds, run_seconds
     both, val = TrainConfig(eval_iters=10, diagnostics=False), TrainConfig(eval_iters=10, diagnostics=False,
                                                                            eval_train=False)
     assert run_seconds(both, 100, 5, 1.0, 0.1) == 100 + 2 * 5 * 10 * 0.1
     assert run_seconds(val, 100, 5, 1.0, 0.1) == pytest.approx(100 + (5 + 1) * 10 * 0.1)
     assert run_seconds(val, 100, 0, 1.0, 0.1) == 100
+    # "an evaluation" as the estimate says it: the ones before the last score val alone
+    assert evaluation_seconds(val, 1.0, 0.1) == pytest.approx(1.0) and evaluation_seconds(both, 1.0, 0.1) == 2.0
 
 
 def test_eval_train_false_scores_the_train_split_at_the_last_evaluation_alone_and_trains_alike(data_dir, tmp_path,

@@ -23,6 +23,7 @@ from .stats import crossing, power_law
 
 LOSS = "final val loss (mean ± std)"
 PARAMS = "parameters (without embeddings)"
+NUMBER = r"-?\d+(?:\.\d+)?"
 USAGE = "usage: python -m gpt.sweep trend OUT.png DIR_OR_SUMMARY DIR_OR_SUMMARY [...]"
 
 
@@ -36,7 +37,8 @@ def table_column(lines: list[str], heading: str) -> dict[str, str]:
                 if not row.startswith("|"):
                     break
                 values = [c.strip() for c in row.strip().strip("|").split("|")]
-                rows[values[0]] = values[at]
+                if len(values) > at:    # a row cut short is no point
+                    rows[values[0]] = values[at]
             return rows
     return {}
 
@@ -46,17 +48,29 @@ def read_points(source: Path) -> dict[str, tuple[float, float, float]]:
     path = source / "summary.md" if source.is_dir() else source
     if not path.is_file():
         raise UserError(f"{source}: no such sweep report (a folder holding summary.md, or the file itself)")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise UserError(f"{path} cannot be read ({e.strerror})") from None
     losses, params = table_column(lines, LOSS), table_column(lines, PARAMS)
     if not losses or not params:
         raise UserError(f"{path} holds no table of '{LOSS}' and '{PARAMS}'; is it a sweep's summary.md?")
     points = {}
     for setting, cell in losses.items():
-        loss = re.fullmatch(r"([-\d.]+) ± ([-\d.]+)", cell)
-        count = re.match(r"[\d,]+", params.get(setting, ""))
-        if loss and count:      # a setting with no finished run has no mean
-            points[setting] = (float(count.group().replace(",", "")), float(loss[1]), float(loss[2]))
+        # one seed has no spread, so its report gives the mean alone
+        loss = re.fullmatch(rf"({NUMBER})(?: ± ({NUMBER}))?", cell)
+        count = re.match(r"\d[\d,]*", params.get(setting, ""))
+        if loss and count:
+            points[setting] = (float(count.group().replace(",", "")), float(loss[1]), float(loss[2] or 0.0))
+        else:       # no finished run has no mean; a row of another shape is named, not guessed at
+            print(f"{path}: {setting} left out (loss {cell!r}, parameters {params.get(setting, 'none')!r})",
+                  file=sys.stderr)
     return points
+
+
+def both_measured(a: list[tuple], b: list[tuple], size: float) -> bool:
+    """Whether size lies within the parameter counts that both settings were measured over."""
+    return max(a[0][0], b[0][0]) <= size <= min(a[-1][0], b[-1][0])
 
 
 def trend(sources: list[Path], out: Path) -> list[str]:
@@ -78,11 +92,11 @@ def trend(sources: list[Path], out: Path) -> list[str]:
         ax.errorbar(xs, means, yerr=stds, fmt="o-", color=colour, capsize=3, label=label)
         if fit := power_law(list(xs), list(means)):
             fits[label] = fit
-    measured = [p for pts in lines.values() for p, _, _ in pts]
-    # where the ranking changes between the sizes measured; crossings beyond them are extrapolation
+    # where the ranking of two settings changes within the sizes both were measured at; crossings
+    # beyond them are extrapolation
     notes = [f"{a} and {b}: fits cross at {at:,.3g} parameters, within the sizes measured"
              for i, a in enumerate(fits) for b in list(fits)[i + 1:]
-             if (at := crossing(fits[a], fits[b])) and min(measured) <= at <= max(measured)]
+             if (at := crossing(fits[a], fits[b])) and both_measured(lines[a], lines[b], at)]
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("final val loss, mean ± std over seeds")

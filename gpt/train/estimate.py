@@ -30,9 +30,13 @@ def evaluations_left(cfg: TrainConfig, start_iter: int, last_eval: int) -> int:
 def run_seconds(cfg: TrainConfig, steps: int, evaluations: int, step: float, batch: float) -> float:
     """A run's time from one step's and one evaluation batch's; an evaluation scores both splits
     (val alone but at the end under eval_train=false), and the diagnostics add about a step's work."""
-    scored = 2 * evaluations if cfg.eval_train else evaluations + (evaluations > 0)    # splits scored
-    return (steps * step + scored * cfg.eval_iters * batch
-            + evaluations * (step if cfg.diagnostics else 0.0))
+    final_train = 0 if cfg.eval_train or not evaluations else cfg.eval_iters * batch
+    return steps * step + evaluations * evaluation_seconds(cfg, step, batch) + final_train
+
+
+def evaluation_seconds(cfg: TrainConfig, step: float, batch: float) -> float:
+    """One evaluation before the last: both splits, or val alone under eval_train=false."""
+    return (2 if cfg.eval_train else 1) * cfg.eval_iters * batch + (step if cfg.diagnostics else 0.0)
 
 
 def _seconds(work, device: str) -> float:
@@ -115,7 +119,7 @@ def say(run: Run, all_threads, stopped) -> None:
         total = run_seconds(cfg, steps, evaluations, step, batch)
         print(f"estimated time: {duration(total)} for {steps:,} step{'s' * (steps != 1)} and {evaluations} "
               f"evaluation{'s' * (evaluations != 1)} ({step * 1000:,.0f} ms a step, "
-              f"{duration(run_seconds(cfg, 0, 1, step, batch)).removeprefix('about ')} an evaluation"
+              f"{duration(evaluation_seconds(cfg, step, batch)).removeprefix('about ')} an evaluation"
               f"{', timed without compiling' if cfg.compile else ''})", flush=True)
         if torch.device(run.device).type == "cpu" and total > GPU_SIZED_S and not stopped():
             name, vocab = cpu_recipe(cfg.dataset, run.model_cfg.vocab_size)
