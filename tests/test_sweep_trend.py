@@ -1,7 +1,7 @@
 import pytest
 
 import train
-from conftest import tiny_args
+from conftest import ROOT, tiny_args
 from gpt.sweep import report, trend
 
 
@@ -48,7 +48,6 @@ def test_a_trend_wants_an_output_and_two_reports(capsys):
 
 @pytest.mark.e2e
 def test_the_documented_trends_draw_from_the_committed_reports(tmp_path, capsys):
-    from conftest import ROOT
     lines = [line.split()[4:] for line in (ROOT / "docs" / "results.md").read_text().splitlines()
              if line.startswith("python -m gpt.sweep trend ")]
     assert len(lines) >= 10

@@ -10,7 +10,6 @@ fitted per setting and where two fits cross.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from pathlib import Path

@@ -261,7 +261,7 @@ class Loop:
                 row.update(measure_diagnostics(run.raw_model, x[0], y[0], run.optimizer))
         at.last_eval = it
         # the losses are all-reduced, so every rank takes the same branch here, as the next all-reduce needs
-        finite = math.isfinite(row.get("train_loss", 0.0)) and math.isfinite(row["val_loss"])
+        finite = all(math.isfinite(loss) for loss in losses.values())
         if run.master:
             run.metrics.log(row)
             speed = f", {row['tokens_per_sec']:,.0f} tokens/s" if self.tokens_since else ""  # none yet
