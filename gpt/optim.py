@@ -152,9 +152,10 @@ class MuonAdamW:
 
     @torch.no_grad()
     def step(self, found_inf: torch.Tensor | None = None) -> None:
-        """One update of both parts; with found_inf non-zero, none: AdamW's kernel skips itself, and
-        Muon's matrices and momentum are put back on the device, without reading the flag."""
-        if found_inf is not None and found_inf.device.type == "mps":    # as AdamW does there
+        """One update of both parts; with found_inf non-zero, none. A CPU or Apple GPU reads the flag;
+        on a GPU AdamW's kernel skips itself, and Muon's matrices and momentum are put back on the
+        device, without waiting to read it."""
+        if found_inf is not None and found_inf.device.type in ("cpu", "mps"):    # as AdamW does there
             if found_inf.item():
                 return
             found_inf = None

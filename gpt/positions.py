@@ -31,18 +31,23 @@ class Rotary(nn.Module):
         super().__init__()
         inv = BASE ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
         angles = torch.arange(n_pos, dtype=torch.float64).unsqueeze(1) * inv   # (P, hs/2)
-        # buffers are derived from the config, so they stay out of the state_dict
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        # each rotation's (cos, sin), a unit complex number cos + i sin; derived from the config, so
+        # it stays out of the state_dict
+        self.register_buffer("turn", torch.stack((angles.cos(), angles.sin()), dim=-1).float(), persistent=False)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x: (B, nh, T, hs) at positions start .. start+T-1."""
+        """x: (B, nh, T, hs) at positions start .. start+T-1; turned in at least float32, returned in x's dtype."""
         T = x.size(2)
-        cos = self.cos[start:start + T].to(x.dtype)               # (T, hs/2)
-        sin = self.sin[start:start + T].to(x.dtype)
-        x1, x2 = x[..., 0::2], x[..., 1::2]                       # (B, nh, T, hs/2) each
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return out.flatten(-2)                                    # (B, nh, T, hs)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        pairs = x.to(wide).unflatten(-1, (-1, 2))                        # (B, nh, T, hs/2, 2)
+        turn = self.turn[start:start + T].to(wide)                        # (T, hs/2, 2)
+        if torch.compiler.is_compiling() or x.device.type == "mps":
+            # the same product in real numbers: torch.compile makes no code for complex ones
+            (a, b), (cos, sin) = pairs.unbind(-1), turn.unbind(-1)
+            turned = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        else:   # one complex product turns each pair a + ib whole: one kernel, not several
+            turned = torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(turn))
+        return turned.flatten(-2).to(x.dtype)                            # (B, nh, T, hs)
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

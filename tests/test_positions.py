@@ -66,3 +66,29 @@ def test_alibi_slopes_and_bias():
                     assert bias[h, i, j] == float("-inf")
                 else:
                     assert bias[h, i, j].item() == pytest.approx(-slopes[h].item() * (i - j))
+
+
+def test_rope_turns_pairs_alike_as_complex_numbers_and_as_real_ones(monkeypatch):
+    # the real-number form is what torch.compile and Apple GPUs run; gradients must agree too
+    torch.manual_seed(0)
+    rotary = Rotary(head_size=8, n_pos=16)
+    x = torch.randn(2, 3, 5, 8, requires_grad=True)
+    complex_out = rotary(x, start=4)
+    complex_grad, = torch.autograd.grad(complex_out.square().sum(), x)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    real_out = rotary(x, start=4)
+    real_grad, = torch.autograd.grad(real_out.square().sum(), x)
+    torch.testing.assert_close(real_out, complex_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(real_grad, complex_grad, atol=1e-5, rtol=0)
+    assert not torch.equal(real_out, x)
+
+
+def test_rope_keeps_its_input_dtype_and_turns_in_float32_at_least():
+    torch.manual_seed(0)
+    rotary = Rotary(head_size=8, n_pos=16)
+    x = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        out = rotary(x.to(dtype), start=0)
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.double(), rotary(x, start=0), atol=1e-2 if dtype == torch.bfloat16 else 1e-6,
+                                   rtol=0)

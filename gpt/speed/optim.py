@@ -89,8 +89,8 @@ class AdamW(TorchLayout):
     def step(self, found_inf: torch.Tensor | None = None) -> None:
         """One update; with found_inf (a float tensor on the parameters' device) non-zero, none: the
         kernel skips the update itself, so the caller need not read the flag back from the device."""
-        if found_inf is not None and found_inf.device.type == "mps":
-            # torch's MPS kernel has ignored found_inf: read it (the one wait, on Apple GPUs only)
+        if found_inf is not None and found_inf.device.type in ("cpu", "mps"):
+            # a CPU has no queue to wait on; torch's MPS kernel has ignored found_inf: read it
             if found_inf.item():
                 return
             found_inf = None
