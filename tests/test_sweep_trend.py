@@ -2,7 +2,7 @@ import pytest
 
 import train
 from conftest import ROOT, tiny_args
-from gpt.sweep import report, trend
+from gpt.sweep import report, stats, trend
 
 
 @pytest.mark.e2e
@@ -79,4 +79,20 @@ def test_one_seed_reports_join_with_no_spread_and_odd_rows_are_named_not_guessed
 
 def test_a_crossing_counts_as_measured_only_where_both_settings_were():
     a, b = [(1e3, 2.0, 0), (1e4, 1.5, 0)], [(1e4, 1.6, 0), (1e5, 1.2, 0)]
-    assert trend.both_measured(a, b, 1e4) and not trend.both_measured(a, b, 3e4)
+    assert stats.both_measured(a, b, 1e4) and not stats.both_measured(a, b, 3e4)
+
+
+def test_a_study_calls_a_crossing_measured_only_within_both_settings_sizes():
+    from gpt.sweep.study_plots import size_fits
+
+    def entry(pos, width, params, mean):
+        return {"mean": mean, "_group": [{"params": params, "_setting_values": {"n_embd": width, "pos_encoding": pos}}]}
+    # learned: 3.0 falling to 2.4 over 1e4..1.6e5; rope: flat near 2.55 over 1e4..4e4 only (its widest run failed)
+    summary = [entry("learned", 32, 1e4, 3.0), entry("learned", 64, 4e4, 2.7), entry("learned", 128, 1.6e5, 2.4),
+               entry("rope", 32, 1e4, 2.55), entry("rope", 64, 4e4, 2.549), entry("rope", 128, 1.6e5, float("nan"))]
+    _, fits, notes = size_fits({"n_embd": [32, 64, 128], "pos_encoding": ["learned", "rope"]}, summary)
+    assert set(fits) == {"pos_encoding=learned", "pos_encoding=rope"}
+    # the fits meet between 4e4 and 1.6e5: within the sizes of the study, beyond rope's
+    at = float(notes[0].split("cross at ")[1].split(" parameters")[0].replace(",", ""))
+    assert len(notes) == 1 and 4e4 < at < 1.6e5
+    assert "an extrapolation beyond the sizes both were measured at, 10,000 to 40,000" in notes[0]

@@ -176,3 +176,9 @@ def crossing(fit1: tuple[float, float], fit2: tuple[float, float]) -> float | No
         return None
     x = (a2 - a1) / (b1 - b2)
     return math.exp(x) if -700 < x < 700 else None
+
+
+def both_measured(a: list[tuple], b: list[tuple], size: float) -> bool:
+    """Whether size lies within the parameter counts that both settings were measured over: a and b
+    are each setting's points, (parameters, ...) sorted by parameters."""
+    return max(a[0][0], b[0][0]) <= size <= min(a[-1][0], b[-1][0])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .grid import as_text, factors
 from .plots import _colours
-from .stats import SIZES, crossing, power_law
+from .stats import SIZES, both_measured, crossing, power_law
 from .tune import Tuning
 
 
@@ -104,15 +104,15 @@ def size_fits(axes_spec: dict, summary: list[dict]) -> tuple[dict, dict, list[st
     for points in lines.values():
         points.sort()
     fits = {k: f for k, pts in lines.items() if (f := power_law([p for p, _ in pts], [v for _, v in pts]))}
-    measured = [p for pts in lines.values() for p, _ in pts]
     notes, keys = [], list(fits)
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            at = crossing(fits[a], fits[b])
-            if at and measured:
-                where = "within" if min(measured) <= at <= max(measured) else "an extrapolation beyond"
-                notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters ({where} the sizes measured, "
-                             f"{min(measured):,.0f} to {max(measured):,.0f})")
+            if at := crossing(fits[a], fits[b]):
+                # the pair's own overlap: a crossing beyond one setting's sizes is not measured
+                low, high = max(lines[a][0][0], lines[b][0][0]), min(lines[a][-1][0], lines[b][-1][0])
+                where = "within" if both_measured(lines[a], lines[b], at) else "an extrapolation beyond"
+                notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters ({where} the sizes both "
+                             f"were measured at, {low:,.0f} to {high:,.0f})")
     return lines, fits, notes
 
 

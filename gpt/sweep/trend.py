@@ -18,7 +18,7 @@ from ..config import user_path
 from ..errors import UserError, say_error
 from ..figures import check_picture_name, pyplot, save_figure
 from .plots import _colours
-from .stats import crossing, power_law
+from .stats import both_measured, crossing, power_law
 
 LOSS = "final val loss (mean ± std)"
 PARAMS = "parameters (without embeddings)"
@@ -65,11 +65,6 @@ def read_points(source: Path) -> dict[str, tuple[float, float, float]]:
             print(f"{path}: {setting} left out (loss {cell!r}, parameters {params.get(setting, 'none')!r})",
                   file=sys.stderr)
     return points
-
-
-def both_measured(a: list[tuple], b: list[tuple], size: float) -> bool:
-    """Whether size lies within the parameter counts that both settings were measured over."""
-    return max(a[0][0], b[0][0]) <= size <= min(a[-1][0], b[-1][0])
 
 
 def trend(sources: list[Path], out: Path) -> list[str]:
