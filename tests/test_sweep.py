@@ -1072,3 +1072,16 @@ def test_curves_of_per_character_runs_read_in_bits_per_character_on_a_second_axi
     rows[-1]["per_character"] = False
     assert not any(ax.child_axes for ax in plots.curves_figure(rows).axes)
     assert not any(ax.child_axes for ax in plots.curves_figure(grid_rows(NORM_STUDY)).axes)
+
+
+def test_the_report_names_runs_that_scored_the_train_split_at_other_evaluations():
+    def run(seed, **config):
+        return {"_setting": "activation=relu", "seed": seed, "_config": {"activation": "relu", **config}}
+    # a sweep begun before eval_train (no such key: every evaluation) and continued after it
+    rows = [run(1), run(2), run(3, eval_train=False)]
+    assert report.uneven_evaluations(rows, {"activation": 0}) == [
+        "activation=relu__seed=3: eval_train=false (the others true)"]
+    assert report.uneven_evaluations([run(1, eval_train=False), run(2, eval_train=False)], {"activation": 0}) == []
+    assert report.uneven_evaluations([run(1, eval_train=True), run(2)], {"activation": 0}) == []
+    # an axis of the sweep is what it compares: not named
+    assert report.uneven_evaluations([run(1), run(2, eval_train=False)], {"eval_train": 0}) == []

@@ -225,6 +225,12 @@ def runs_read(rows: list[dict]) -> str:
             + "; ".join(f"{r['_folder'].name} ({r['_left_out']})" for r in left_out) + ".")
 
 
+def uneven_evaluations(rows: list[dict], axes) -> list[str]:
+    """Runs that scored the train split at other evaluations than most (eval_train); runs of code
+    before eval_train scored it at every evaluation, as true does."""
+    return odd_runs([{**r, "_config": {"eval_train": True, **r["_config"]}} for r in rows], axes, ("eval_train",))
+
+
 def notes(rows: list[dict], axes: list[str]) -> str:
     """What the table's reader should know of the runs: odd settings, speeds that do not compare,
     settings that ran alike, failed runs, a partial sweep, runs of older code."""
@@ -237,6 +243,11 @@ def notes(rows: list[dict], axes: list[str]) -> str:
     if slower:
         table += ("\n\nRuns that ran with other speed settings than the rest, so their tokens/s in "
                   "sweep.csv does not compare alike: " + "; ".join(slower) + ".")
+    uneven = uneven_evaluations(rows, axes)
+    if uneven:
+        table += ("\n\nRuns that scored the train split at other evaluations than the rest (eval_train), so "
+                  "their seconds of training, which count their evaluations, compare a few percent unevenly "
+                  "(the compute table's time column, --x=seconds): " + "; ".join(uneven) + ".")
     alike = ran_alike(rows, axes)
     if alike:
         table += ("\n\nSettings whose runs all ran the same way (sweep.csv's ran_as), so what tells "
