@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .config import GPTConfig, TrainConfig
+from .speed import optim as speed_optim
 from .speed.optim import AdamW, Muon
 from .speed.precision import muon_dtype
 from .errors import UserError
@@ -155,7 +156,7 @@ class MuonAdamW:
         """One update of both parts; with found_inf non-zero, none. A CPU or Apple GPU reads the flag;
         on a GPU AdamW's kernel skips itself, and Muon's matrices and momentum are put back on the
         device, without waiting to read it."""
-        if found_inf is not None and found_inf.device.type in ("cpu", "mps"):    # as AdamW does there
+        if found_inf is not None and found_inf.device.type in speed_optim.READ_FLAG_ON:    # as AdamW does there
             if found_inf.item():
                 return
             found_inf = None

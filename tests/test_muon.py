@@ -13,6 +13,7 @@ import sample
 import train
 from conftest import BLOCK, ROOT, V, resumed_as_whole, tiny_args, untimed_metrics
 from gpt import GPT, GPTConfig
+from gpt.speed import optim as speed_optim
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 from gpt.optim import make_optimizer
@@ -69,7 +70,9 @@ def test_the_schedule_moves_both_learning_rates_in_proportion():
     assert [g["lr"] for g in opt.muon.param_groups] == [pytest.approx(0.025)]
 
 
-def test_a_skipped_step_leaves_the_weights_and_both_optimizers_state_as_they_were():
+@pytest.mark.parametrize("read_on", [("cpu", "mps"), ("mps",)], ids=["flag read", "flag left on the device"])
+def test_a_skipped_step_leaves_the_weights_and_both_optimizers_state_as_they_were(read_on, monkeypatch):
+    monkeypatch.setattr(speed_optim, "READ_FLAG_ON", read_on)
     model = model_of()
     opt = make_optimizer(model, MUON)
     steps(model, opt, [1, 2])

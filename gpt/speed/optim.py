@@ -68,6 +68,11 @@ class TorchLayout:
                 value.copy_(got)
 
 
+# where a step reads its non-finite flag rather than leave it on the device: a CPU has no queue to
+# wait on, and torch's MPS kernel has ignored found_inf
+READ_FLAG_ON = ("cpu", "mps")
+
+
 class AdamW(TorchLayout):
     def __init__(self, groups: list[dict], lr: float, betas: tuple[float, float], eps: float = 1e-8):
         """groups: each its params and weight_decay, and where it trains at a multiple of the
@@ -89,8 +94,7 @@ class AdamW(TorchLayout):
     def step(self, found_inf: torch.Tensor | None = None) -> None:
         """One update; with found_inf (a float tensor on the parameters' device) non-zero, none: the
         kernel skips the update itself, so the caller need not read the flag back from the device."""
-        if found_inf is not None and found_inf.device.type in ("cpu", "mps"):
-            # a CPU has no queue to wait on; torch's MPS kernel has ignored found_inf: read it
+        if found_inf is not None and found_inf.device.type in READ_FLAG_ON:
             if found_inf.item():
                 return
             found_inf = None
