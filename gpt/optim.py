@@ -125,7 +125,7 @@ class MuonAdamW:
         else:   # every matrix whole: torch.optim.Muon's step, as runs made before muon_split
             self.muon = Muon(matrices, lr=cfg.muon_lr, nesterov=True, ns_dtype=ns_dtype, **self.hyper)
         self.ratio = cfg.muon_lr / cfg.learning_rate
-        self.kept = [torch.empty_like(t) for t in self.muon_tensors()]
+        self.kept = None        # where a GPU keeps Muon's tensors aside, made at its first step
 
     @property
     def param_groups(self) -> list[dict]:
@@ -165,6 +165,8 @@ class MuonAdamW:
             self.muon.step()
             return
         tensors = self.muon_tensors()
+        if self.kept is None:
+            self.kept = [torch.empty_like(t) for t in tensors]
         torch._foreach_copy_(self.kept, tensors)
         self.muon.step()
         bad = found_inf.bool()

@@ -40,6 +40,8 @@ class Rotary(nn.Module):
         T = x.size(2)
         wide = torch.promote_types(x.dtype, torch.float32)
         pairs = x.to(wide).unflatten(-1, (-1, 2))                        # (B, nh, T, hs/2, 2)
+        if pairs.storage_offset() % 2:      # a complex view must start on a whole pair
+            pairs = pairs.clone()
         turn = self.turn[start:start + T].to(wide)                        # (T, hs/2, 2)
         if torch.compiler.is_compiling() or x.device.type == "mps":
             # the same product in real numbers: torch.compile makes no code for complex ones

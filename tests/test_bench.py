@@ -137,7 +137,7 @@ def test_auto_dtype_is_bfloat16_only_on_gpus_that_compute_it(monkeypatch, capabi
 
 @pytest.mark.parametrize("native", [False, True])
 def test_fast_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, native):
-    # emulated, bfloat16 made the fast config's steps 10-15x slower than float32
+    # emulated, bfloat16 made the earlier AdamW fast config's steps 10-15x slower than float32
     from gpt.speed import precision
     from gpt.train import runtime
     from gpt.config import TrainConfig

@@ -88,7 +88,18 @@ def test_rope_keeps_its_input_dtype_and_turns_in_float32_at_least():
     rotary = Rotary(head_size=8, n_pos=16)
     x = torch.randn(1, 2, 4, 8, dtype=torch.float64)
     for dtype in (torch.bfloat16, torch.float32, torch.float64):
-        out = rotary(x.to(dtype), start=0)
-        assert out.dtype == dtype
-        torch.testing.assert_close(out.double(), rotary(x, start=0), atol=1e-2 if dtype == torch.bfloat16 else 1e-6,
-                                   rtol=0)
+        assert rotary(x.to(dtype), start=3).dtype == dtype
+    # bfloat16 is turned in float32 and rounded once, at the end
+    low = x.bfloat16()
+    assert torch.equal(rotary(low, start=3), rotary(low.float(), start=3).bfloat16())
+    # float64 is not cut to float32 on the way
+    exact = rotary(x, start=3)
+    assert (exact - rotary(x.float(), start=3).double()).abs().max() > 1e-12
+
+
+def test_rope_turns_a_view_that_starts_mid_pair():
+    torch.manual_seed(0)
+    rotary = Rotary(head_size=4, n_pos=8)
+    base = torch.randn(1 + 2 * 3 * 4)
+    x = base[1:].view(1, 2, 3, 4)          # storage offset 1: no complex view of it exists
+    torch.testing.assert_close(rotary(x, start=2), rotary(x.clone(), start=2), atol=0, rtol=0)

@@ -96,3 +96,9 @@ def test_a_study_calls_a_crossing_measured_only_within_both_settings_sizes():
     at = float(notes[0].split("cross at ")[1].split(" parameters")[0].replace(",", ""))
     assert len(notes) == 1 and 4e4 < at < 1.6e5
     assert "an extrapolation beyond the sizes both were measured at, 10,000 to 40,000" in notes[0]
+    # measured at no common size: the note says so rather than a range that runs backwards
+    apart = [entry("learned", 32, 1e4, 3.0), entry("learned", 64, 4e4, 2.7), entry("learned", 128, 1.6e5, float("nan")),
+             entry("rope", 32, 1e4, float("nan")), entry("rope", 64, 6e4, 2.55), entry("rope", 128, 1.6e5, 2.549)]
+    apart[4]["_group"][0]["_setting_values"]["n_embd"] = 96
+    _, _, notes = size_fits({"n_embd": [32, 64, 96, 128], "pos_encoding": ["learned", "rope"]}, apart)
+    assert len(notes) == 1 and notes[0].endswith("(no size was measured for both)")

@@ -110,6 +110,9 @@ def size_fits(axes_spec: dict, summary: list[dict]) -> tuple[dict, dict, list[st
             if at := crossing(fits[a], fits[b]):
                 # the pair's own overlap: a crossing beyond one setting's sizes is not measured
                 low, high = max(lines[a][0][0], lines[b][0][0]), min(lines[a][-1][0], lines[b][-1][0])
+                if low > high:
+                    notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters (no size was measured for both)")
+                    continue
                 where = "within" if both_measured(lines[a], lines[b], at) else "an extrapolation beyond"
                 notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters ({where} the sizes both "
                              f"were measured at, {low:,.0f} to {high:,.0f})")
