@@ -178,7 +178,13 @@ def crossing(fit1: tuple[float, float], fit2: tuple[float, float]) -> float | No
     return math.exp(x) if -700 < x < 700 else None
 
 
+def overlap(a: list[tuple], b: list[tuple]) -> tuple[float, float]:
+    """The parameter counts that both settings were measured over, (low, high); low > high where
+    none: a and b are each setting's points, (parameters, ...) sorted by parameters."""
+    return max(a[0][0], b[0][0]), min(a[-1][0], b[-1][0])
+
+
 def both_measured(a: list[tuple], b: list[tuple], size: float) -> bool:
-    """Whether size lies within the parameter counts that both settings were measured over: a and b
-    are each setting's points, (parameters, ...) sorted by parameters."""
-    return max(a[0][0], b[0][0]) <= size <= min(a[-1][0], b[-1][0])
+    """Whether size lies within the parameter counts that both settings were measured over."""
+    low, high = overlap(a, b)
+    return low <= size <= high

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .grid import as_text, factors
 from .plots import _colours
-from .stats import SIZES, both_measured, crossing, power_law
+from .stats import SIZES, crossing, overlap, power_law
 from .tune import Tuning
 
 
@@ -109,11 +109,11 @@ def size_fits(axes_spec: dict, summary: list[dict]) -> tuple[dict, dict, list[st
         for b in keys[i + 1:]:
             if at := crossing(fits[a], fits[b]):
                 # the pair's own overlap: a crossing beyond one setting's sizes is not measured
-                low, high = max(lines[a][0][0], lines[b][0][0]), min(lines[a][-1][0], lines[b][-1][0])
+                low, high = overlap(lines[a], lines[b])
                 if low > high:
                     notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters (no size was measured for both)")
                     continue
-                where = "within" if both_measured(lines[a], lines[b], at) else "an extrapolation beyond"
+                where = "within" if low <= at <= high else "an extrapolation beyond"
                 notes.append(f"{a} and {b}: fits cross at {at:,.3g} parameters ({where} the sizes both "
                              f"were measured at, {low:,.0f} to {high:,.0f})")
     return lines, fits, notes
